@@ -1,8 +1,9 @@
 """Find and load environment packages by id.
 
-An environment package is an importable module named after its id (`-` -> `_`) that exposes
-`load_environment(**kwargs) -> Environment`, optionally advertised under the entry-point group
-"vfkit.environments" (name = id, value = module or "module:function"):
+An environment package is an importable module named after its id (`-` -> `_`), or that name
+with a `vfkit_` prefix (vfkit's own packages, so `reverse-text` never shadows verifiers' package
+of the same name), that exposes `load_environment(**kwargs) -> Environment`, optionally advertised
+under the entry-point group "vfkit.environments" (name = id, value = module or "module:function"):
 
     env = vf.load_environment("reverse-text", max_examples=100)
 """
@@ -10,6 +11,7 @@ An environment package is an importable module named after its id (`-` -> `_`) t
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -49,12 +51,16 @@ def _not_found(env_id: str, cause: str) -> EnvironmentNotFoundError:
 
 
 def _loader(env_id: str) -> Any:
-    """The load_environment function of `env_id` (entry point first, then module import)."""
+    """The load_environment function of `env_id`: module `vfkit_<id>`, else the entry point,
+    else module `<id>`."""
+    module_name = env_id.replace("-", "_")
+    prefixed = f"vfkit_{module_name}"
+    if "." not in module_name and importlib.util.find_spec(prefixed) is not None:
+        return getattr(importlib.import_module(prefixed), "load_environment", None)
     ep = _entry_points().get(env_id) or _entry_points().get(env_id.replace("_", "-"))
     if ep is not None:
         target = ep.load()
         return target if callable(target) else getattr(target, "load_environment", None)
-    module_name = env_id.replace("-", "_")
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:

@@ -16,7 +16,7 @@ ENV_DIR = str(Path(__file__).resolve().parents[1])
 if ENV_DIR not in sys.path:  # importable from a checkout, installed or not
     sys.path.insert(0, ENV_DIR)
 
-import reverse_text  # noqa: E402  # after the path line above
+import vfkit_reverse_text as reverse_text  # noqa: E402  # after the path line above
 
 
 def reverse_request(request: dict) -> str:
