@@ -20,6 +20,7 @@ import re
 from difflib import SequenceMatcher
 
 import vfkit as vf
+from vfkit.bridge import v1_exports
 
 _WORD_TEXT = """
 apple river candle orbit maple violet harbor pixel garden silver window rocket pepper forest
@@ -109,3 +110,7 @@ def load_environment(
     return vf.SingleTurnEnv(dataset=make_rows(train_texts), eval_dataset=make_rows(eval_texts),
                             system_prompt=system_prompt, parser=parser, rubric=rubric,
                             sampling_args={"max_tokens": max_tokens}, env_id="reverse-text")
+
+
+# verifiers v1 / prime-rl: `vf.load_taskset("vfkit-reverse-text")` (needs vfkit[verifiers])
+__all__, __getattr__ = v1_exports("reverse-text", load_environment)
