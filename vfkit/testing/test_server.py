@@ -32,6 +32,9 @@ Tests of the rollout engine, trainer and CLIs talk real HTTP to it with the real
   exist; reload without load_inplace -> 400; unknown unload -> 404). `.adapters` maps name ->
   path, `.lora_requests` records ("load"|"unload", body); GET /v1/models lists base + adapters.
   Any `model` name is accepted; the recorded request body shows which one was asked for.
+- Token in, token out: POST /inference/v1/generate `{token_ids, sampling_params}` answers like
+  vLLM's endpoint that prime-rl's renderer client calls (`choices[0].token_ids`, logprobs as
+  `{"token": "token_id:N", "logprob"}`); the responder sees the decoded prompt as `prompt`.
 - `api_key`: when set, requests without `Authorization: Bearer <key>` get 401.
 """
 
@@ -369,6 +372,29 @@ class TestServer:
         return {"index": index, "text": s["text"], "finish_reason": s["finish"],
                 "logprobs": logprobs, "prompt_token_ids": prompt_ids, "token_ids": s["ids"]}
 
+    async def _generate_from_ids(self, request: Request) -> JSONResponse:
+        """vLLM's token-in endpoint: prompt ids in, sampled ids + per-token logprobs out."""
+        body = await request.json()
+        prompt_ids = [int(t) for t in body.get("token_ids") or []]
+        params = body.get("sampling_params") or {}
+        view = {**body, "prompt": self.tokenizer.decode(prompt_ids),
+                "max_tokens": params.get("max_tokens"), "stop": params.get("stop")}
+        with self._lock:
+            self.requests.append(view)
+        overflow = self._context_error(len(prompt_ids), view["max_tokens"])
+        if overflow is not None:
+            return overflow
+        limit = view["max_tokens"] or self.max_context - len(prompt_ids)
+        try:
+            sample = self._sample(view, limit)
+        except Exception as e:  # a broken responder surfaces as a 500 naming it
+            return _error(500, f"TestServer responder raised {type(e).__name__}: {e}")
+        content = [{"token": f"token_id:{t}", "logprob": self.logprob} for t in sample["ids"]]
+        choice = {"index": 0, "token_ids": sample["ids"], "logprobs": {"content": content},
+                  "finish_reason": sample["finish"]}
+        return JSONResponse({"request_id": f"gen-{len(self.requests)}", "choices": [choice],
+                             "prompt_token_ids": prompt_ids, "mm_placeholders": {}})
+
     # ----- LoRA and app -----
     def _load_lora(self, body: dict[str, Any]) -> PlainTextResponse | JSONResponse:
         name, path = body.get("lora_name"), body.get("lora_path")
@@ -423,6 +449,10 @@ class TestServer:
         @app.post("/v1/completions")
         async def completions(request: Request):
             return await self._generate(request, chat=False)
+
+        @app.post("/inference/v1/generate")
+        async def generate_from_ids(request: Request):
+            return await self._generate_from_ids(request)
 
         @app.post("/v1/load_lora_adapter")
         async def load_lora(request: Request):
