@@ -1,0 +1,207 @@
+"""vfkit environments in verifiers v1 and today's prime-rl, through `vfkit.bridge` (issue 14).
+
+Both tests run in a throwaway venv with the newest verifiers from PyPI (built once under
+`.cache/bridge-v1-venv/`, gitignored; delete it to rebuild) holding this checkout's vfkit and
+environments, against vfkit's scripted OpenAI/vLLM-compatible test server on loopback:
+
+- verifiers' own `vf-eval` runs `vfkit-reverse-text`; every trace's rewards equal what vfkit
+  computes for the same reply;
+- prime-rl's orchestrator role (`bridge_v1/orchestrator.py`): load the taskset by id, run
+  episodes through the v1 env server with the train client (token-in generate endpoint), build
+  training samples from the traces; the loss mask covers exactly the model's tokens, on a
+  single-turn and a multi-turn environment.
+
+vfkit itself never imports verifiers: the venv installs vfkit with `--no-deps` (its `openai>=3`
+pin clashes with verifiers' `openai<3`; vfkit's SDK runs on openai 2.x).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from openai import AsyncOpenAI
+
+import vfkit as vf
+from vfkit.testing.test_server import TestServer
+from vfkit.testing.tiny_model import make_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV = ROOT / ".cache" / "bridge-v1-venv"
+ENVIRONMENTS = ("reverse-text", "guess-number")
+ORCHESTRATOR = Path(__file__).parent / "bridge_v1" / "orchestrator.py"
+# verifiers' vf-eval by module: vfkit's own `vf-eval` script shares the name in this venv
+EVAL_CLI = "import sys; from verifiers.v1.cli.eval.main import main; sys.argv[0]='vf-eval'; main()"
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+
+
+# ----- the throwaway venv -----
+def _run(cmd: list[str], what: str, timeout: float = 1200) -> str:
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    if done.returncode:
+        raise RuntimeError(f"{what} failed (exit {done.returncode}):\n{done.stdout[-2000:]}\n"
+                           f"{done.stderr[-4000:]}")
+    return done.stdout
+
+
+def _base_python() -> str:
+    """python3.12 (prime-rl's) when it runs here, else this interpreter (verifiers: >=3.11)."""
+    for candidate in (shutil.which("python3.12"), sys.executable):
+        if candidate and subprocess.run([candidate, "--version"],
+                                        capture_output=True).returncode == 0:
+            return candidate
+    return sys.executable
+
+
+def _build_venv() -> None:
+    shutil.rmtree(VENV, ignore_errors=True)
+    _run([_base_python(), "-m", "venv", str(VENV)], "creating the venv")
+    pip = str(VENV / "bin" / "pip")
+    with tempfile.TemporaryDirectory() as tmp:
+        probe = subprocess.run([pip, "download", "-q", "--no-deps", "-d", tmp, "verifiers"],
+                               capture_output=True, text=True, timeout=300)
+    if probe.returncode:
+        pytest.skip(f"PyPI unreachable, cannot get verifiers: {probe.stderr[-300:]}")
+    _run([pip, "install", "-q", "verifiers", "datasets"], "installing verifiers")
+    editable = [arg for env in ENVIRONMENTS for arg in ("-e", str(ROOT / "environments" / env))]
+    _run([pip, "install", "-q", "--no-deps", "-e", str(ROOT), *editable], "installing vfkit")
+
+
+@pytest.fixture(scope="module")
+def v1_python() -> str:
+    """The venv's python (built on first use, then reused while the env list is the same)."""
+    marker, stamp = VENV / ".ready", " ".join(ENVIRONMENTS)
+    if not (marker.exists() and marker.read_text() == stamp):
+        _build_venv()
+        marker.write_text(stamp)
+    return str(VENV / "bin" / "python")
+
+
+@pytest.fixture
+def local_envs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This checkout's environment modules, not whatever the shared venv has installed."""
+    for env in ENVIRONMENTS:
+        monkeypatch.syspath_prepend(str(ROOT / "environments" / env))
+
+
+# ----- scripted models (they see chat messages, or the decoded prompt on the token route) -----
+def _prompt_text(request: dict) -> str:
+    if "messages" in request:
+        return "\n".join(str(m.get("content") or "") for m in request["messages"])
+    return request["prompt"]
+
+
+def reverse_model(request: dict) -> str:
+    """Exact, echoed, half and untagged reversals, chosen by the text (so replies are fixed)."""
+    found = re.findall(r"Reverse this text: (.*?)(?:<\|im_end\|>|\n|$)", _prompt_text(request))
+    text = found[-1]
+    kind = len(text) % 4
+    answer = [text[::-1], text, text[::-1][: len(text) // 2], text[::-1]][kind]
+    return answer if kind == 3 else f"<answer>{answer}</answer>"
+
+
+def bisect_model(request: dict) -> str:
+    """Binary search from the hints so far (1..20): a multi-turn conversation of a few turns."""
+    low, high = 1, 20
+    for guess, hint in re.findall(r"<guess>(\d+)</guess>.*?(Higher|Lower)", _prompt_text(request),
+                                  re.S):
+        low, high = (int(guess) + 1, high) if hint == "Higher" else (low, int(guess) - 1)
+    return f"<guess>{(low + high) // 2}</guess>"
+
+
+async def vfkit_states(env_id: str, model, rows: list[dict], **env_args) -> dict[int, dict]:
+    """vfkit's own rollouts of `rows` against the same scripted model, by example_id."""
+    env = vf.load_environment(env_id, **env_args)
+    with TestServer(model) as server:
+        async with AsyncOpenAI(base_url=server.base_url, api_key="x") as client:
+            states = [await env.run_rollout(row, client, "m") for row in rows]
+    return {s["example_id"]: s for s in states}
+
+
+# ----- verifiers' own eval -----
+async def test_verifiers_eval_scores_a_vfkit_environment_as_vfkit_does(
+        v1_python: str, local_envs: None, tmp_path: Path) -> None:
+    args = {"num_eval_examples": 8}
+    with TestServer(reverse_model) as server:
+        _run([v1_python, "-c", EVAL_CLI, "vfkit-reverse-text", "-m", "tiny", "-n", "8", "-r", "1",
+              "--no-push", "-o", str(tmp_path), "--env.taskset.split", "eval",
+              "--env.taskset.args", json.dumps(args), "--client.base-url", server.base_url],
+             "verifiers' vf-eval", timeout=600)
+    episodes = [json.loads(line) for line in next(tmp_path.rglob("traces.jsonl")).open()]
+    traces = [t for e in episodes for t in e["traces"]]
+    assert len(traces) == 8 and all(t["ok"] for t in traces)
+    env = vf.load_environment("reverse-text", **args)
+    expected = await vfkit_states("reverse-text", reverse_model, list(env.get_eval_dataset()),
+                                  **args)
+    for trace in traces:
+        state = expected[trace["task"]["data"]["row"]["example_id"]]
+        rewards = {name: r["score"] for name, r in trace["rewards"].items()}
+        assert set(rewards) == {"reversal_reward", "format_reward_func"}
+        assert rewards == {name: state["metrics"][name] for name in rewards}
+        total = sum(r["score"] * r["weight"] for r in trace["rewards"].values())
+        assert total == pytest.approx(state["reward"])
+    # the scripted replies span the reward range: echo 0, half in between, exact 1.2
+    assert {round(s["reward"], 2) for s in expected.values()} >= {0.2, 1.0, 1.2}
+
+
+# ----- prime-rl's orchestrator role -----
+def _masked_runs(mask: list[bool]) -> list[tuple[int, int]]:
+    runs, start = [], None
+    for i, keep in enumerate([*mask, False]):
+        if keep and start is None:
+            start = i
+        elif not keep and start is not None:
+            runs.append((start, i))
+            start = None
+    return runs
+
+
+def _orchestrate(v1_python: str, tmp_path: Path, env_id: str, model, env_args: dict):
+    tokenizer = make_tokenizer()
+    tokenizer.save_pretrained(tmp_path / "tokenizer")
+    with TestServer(model) as server:
+        _run([v1_python, str(ORCHESTRATOR), f"vfkit-{env_id}", server.base_url,
+              str(tmp_path / "tokenizer"), str(tmp_path / "samples.json"), json.dumps(env_args)],
+             "the orchestrator", timeout=600)
+        prompts = {tuple(r["token_ids"]) for r in server.requests if "token_ids" in r}
+    samples = json.loads((tmp_path / "samples.json").read_text())["samples"]
+    return tokenizer, prompts, samples
+
+
+@pytest.mark.parametrize(("env_id", "model", "env_args"), [
+    ("reverse-text", reverse_model, {"num_eval_examples": 4}),
+    ("guess-number", bisect_model, {"num_eval_examples": 3}),
+], ids=["single-turn", "multi-turn"])
+async def test_prime_rl_orchestrator_trains_on_exactly_the_model_tokens(
+        v1_python: str, local_envs: None, tmp_path: Path, env_id: str, model,
+        env_args: dict) -> None:
+    tokenizer, prompts, samples = _orchestrate(v1_python, tmp_path, env_id, model, env_args)
+    assert len(samples) == 2 * env_args["num_eval_examples"]  # groups of 2, one branch each
+    rows = [s["row"] for s in samples]
+    expected = await vfkit_states(env_id, model, rows, **env_args)
+    turns = []
+    for sample in samples:
+        ids, mask, logprobs = sample["token_ids"], sample["mask"], sample["logprobs"]
+        assert sample["ok"] and not sample["errors"]
+        assert len(ids) == len(mask) == len(logprobs)
+        runs = _masked_runs(mask)
+        turns.append(len(runs))
+        for start, end in runs:
+            assert tuple(ids[:start]) in prompts  # everything before a reply was its prompt
+            reply = model({"prompt": tokenizer.decode(ids[:start])})
+            assert ids[start:end] == [*tokenizer.encode(reply), tokenizer.eos_token_id]
+            assert logprobs[start:end] == [-0.5] * (end - start)  # the server's logprobs
+        assert sum(lp for lp, keep in zip(logprobs, mask, strict=True) if not keep) == 0
+        state = expected[sample["row"]["example_id"]]
+        assert sample["reward"] == pytest.approx(state["reward"])
+        assert len(runs) == len(state["trajectory"])  # one sampled run per model turn
+    assert sum(s["advantage"] for s in samples) == pytest.approx(0.0)  # reward - group mean
+    if env_id == "guess-number":
+        assert max(turns) > 1  # env responses sit between the runs, unmasked
