@@ -96,7 +96,6 @@ class VfkitTask(vf.Task[VfkitTaskData]):
         """Score with the vfkit rubric; records each reward function itself (own weights)."""
         env = vfkit_env(self.loader, self.data.env_args)
         state = _ROLLOUT_STATES.pop(trace.id, None) or state_from_trace(env, self.data.row, trace)
-        state["error"] = None  # a rollout error never reaches here: the harness raised it
         await env.rubric.score_rollout(state)
         if state.get("error"):
             raise VfkitError(f"vfkit environment {self.env_id!r}: scoring failed: "
