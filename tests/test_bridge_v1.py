@@ -29,12 +29,12 @@ import pytest
 from openai import AsyncOpenAI
 
 import vfkit as vf
-from vfkit.testing.test_server import TestServer
+from vfkit.testing.test_server import Reply, TestServer
 from vfkit.testing.tiny_model import make_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV = ROOT / ".cache" / "bridge-v1-venv"
-ENVIRONMENTS = ("reverse-text", "guess-number")
+ENVIRONMENTS = ("reverse-text", "guess-number", "calculator")
 ORCHESTRATOR = Path(__file__).parent / "bridge_v1" / "orchestrator.py"
 # verifiers' vf-eval by module: vfkit's own `vf-eval` script shares the name in this venv
 EVAL_CLI = "import sys; from verifiers.v1.cli.eval.main import main; sys.argv[0]='vf-eval'; main()"
@@ -60,27 +60,29 @@ def _base_python() -> str:
     return sys.executable
 
 
-def _build_venv() -> None:
-    shutil.rmtree(VENV, ignore_errors=True)
-    _run([_base_python(), "-m", "venv", str(VENV)], "creating the venv")
-    pip = str(VENV / "bin" / "pip")
+def _install_verifiers(pip: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         probe = subprocess.run([pip, "download", "-q", "--no-deps", "-d", tmp, "verifiers"],
                                capture_output=True, text=True, timeout=300)
     if probe.returncode:
         pytest.skip(f"PyPI unreachable, cannot get verifiers: {probe.stderr[-300:]}")
     _run([pip, "install", "-q", "verifiers", "datasets"], "installing verifiers")
-    editable = [arg for env in ENVIRONMENTS for arg in ("-e", str(ROOT / "environments" / env))]
-    _run([pip, "install", "-q", "--no-deps", "-e", str(ROOT), *editable], "installing vfkit")
 
 
 @pytest.fixture(scope="module")
 def v1_python() -> str:
-    """The venv's python (built on first use, then reused while the env list is the same)."""
-    marker, stamp = VENV / ".ready", " ".join(ENVIRONMENTS)
-    if not (marker.exists() and marker.read_text() == stamp):
-        _build_venv()
-        marker.write_text(stamp)
+    """The venv's python: verifiers installed once, this checkout's packages when the list
+    changes (both editable, so code edits need no reinstall)."""
+    pip, base, stamp = str(VENV / "bin" / "pip"), VENV / ".verifiers", VENV / ".environments"
+    if not base.exists():
+        shutil.rmtree(VENV, ignore_errors=True)
+        _run([_base_python(), "-m", "venv", str(VENV)], "creating the venv")
+        _install_verifiers(pip)
+        base.touch()
+    if not (stamp.exists() and stamp.read_text() == " ".join(ENVIRONMENTS)):
+        editable = [a for env in ENVIRONMENTS for a in ("-e", str(ROOT / "environments" / env))]
+        _run([pip, "install", "-q", "--no-deps", "-e", str(ROOT), *editable], "installing vfkit")
+        stamp.write_text(" ".join(ENVIRONMENTS))
     return str(VENV / "bin" / "python")
 
 
@@ -107,6 +109,20 @@ def reverse_model(request: dict) -> str:
     return answer if kind == 3 else f"<answer>{answer}</answer>"
 
 
+def calculator_model(request: dict) -> str | Reply:
+    """Two right tool calls for `(a op b) op c`, then the last result as the answer."""
+    messages = request["messages"]
+    question = next(m["content"] for m in messages if m["role"] == "user")
+    a, op1, b, op2, c = re.search(r"\((\d+) (\S) (\d+)\) (\S) (\d+)", question).groups()
+    names = {"+": "add", "-": "subtract", "*": "multiply"}
+    results = [m["content"] for m in messages if m["role"] == "tool"]
+    if len(results) == 2:
+        return f"<answer>{results[-1]}</answer>"
+    name, args = ((names[op1], {"a": int(a), "b": int(b)}) if not results
+                  else (names[op2], {"a": float(results[0]), "b": int(c)}))
+    return Reply(tool_calls=[{"name": name, "arguments": args}])
+
+
 def bisect_model(request: dict) -> str:
     """Binary search from the hints so far (1..20): a multi-turn conversation of a few turns."""
     low, high = 1, 20
@@ -126,29 +142,37 @@ async def vfkit_states(env_id: str, model, rows: list[dict], **env_args) -> dict
 
 
 # ----- verifiers' own eval -----
+@pytest.mark.parametrize(("env_id", "model", "n"), [
+    ("reverse-text", reverse_model, 8), ("calculator", calculator_model, 3),
+], ids=["single-turn", "tools"])
 async def test_verifiers_eval_scores_a_vfkit_environment_as_vfkit_does(
-        v1_python: str, local_envs: None, tmp_path: Path) -> None:
-    args = {"num_eval_examples": 8}
-    with TestServer(reverse_model) as server:
-        _run([v1_python, "-c", EVAL_CLI, "vfkit-reverse-text", "-m", "tiny", "-n", "8", "-r", "1",
+        v1_python: str, local_envs: None, tmp_path: Path, env_id: str, model, n: int) -> None:
+    args = {"num_eval_examples": n}
+    with TestServer(model) as server:
+        _run([v1_python, "-c", EVAL_CLI, f"vfkit-{env_id}", "-m", "tiny", "-n", str(n), "-r", "1",
               "--no-push", "-o", str(tmp_path), "--env.taskset.split", "eval",
               "--env.taskset.args", json.dumps(args), "--client.base-url", server.base_url],
              "verifiers' vf-eval", timeout=600)
     episodes = [json.loads(line) for line in next(tmp_path.rglob("traces.jsonl")).open()]
     traces = [t for e in episodes for t in e["traces"]]
-    assert len(traces) == 8 and all(t["ok"] for t in traces)
-    env = vf.load_environment("reverse-text", **args)
-    expected = await vfkit_states("reverse-text", reverse_model, list(env.get_eval_dataset()),
-                                  **args)
+    assert len(traces) == n and all(t["ok"] for t in traces)
+    env = vf.load_environment(env_id, **args)
+    expected = await vfkit_states(env_id, model, list(env.get_eval_dataset()), **args)
+    weights = dict(zip(env.rubric.get_reward_func_names(), env.rubric.get_reward_weights(),
+                       strict=True))
     for trace in traces:
         state = expected[trace["task"]["data"]["row"]["example_id"]]
-        rewards = {name: r["score"] for name, r in trace["rewards"].items()}
-        assert set(rewards) == {"reversal_reward", "format_reward_func"}
-        assert rewards == {name: state["metrics"][name] for name in rewards}
+        assert {k: (r["score"], r["weight"]) for k, r in trace["rewards"].items()} == {
+            k: (state["metrics"][k], w) for k, w in weights.items() if w}
+        assert trace["metrics"] == {k: state["metrics"][k] for k, w in weights.items() if not w}
         total = sum(r["score"] * r["weight"] for r in trace["rewards"].values())
         assert total == pytest.approx(state["reward"])
-    # the scripted replies span the reward range: echo 0, half in between, exact 1.2
-    assert {round(s["reward"], 2) for s in expected.values()} >= {0.2, 1.0, 1.2}
+    rewards = {round(s["reward"], 2) for s in expected.values()}
+    if env_id == "reverse-text":  # exact 1.2, untagged 1.0, echo 0.2 (format only), half between
+        assert rewards >= {0.2, 1.0, 1.2}
+    else:  # two tool calls per rollout, run by vfkit inside the v1 harness
+        assert rewards == {1.0}
+        assert all(t["metrics"]["total_tool_calls"] == 2.0 for t in traces)
 
 
 # ----- prime-rl's orchestrator role -----
