@@ -175,6 +175,20 @@ async def test_verifiers_eval_scores_a_vfkit_environment_as_vfkit_does(
         assert all(t["metrics"]["total_tool_calls"] == 2.0 for t in traces)
 
 
+def test_a_failed_vfkit_rollout_fails_its_trace_instead_of_scoring_zero(
+        v1_python: str, tmp_path: Path) -> None:
+    with TestServer([]) as server:  # an empty script: every model call gets a 400
+        _run([v1_python, "-c", EVAL_CLI, "vfkit-reverse-text", "-m", "tiny", "-n", "1", "-r", "1",
+              "--no-push", "-o", str(tmp_path), "--client.base-url", server.base_url],
+             "verifiers' vf-eval", timeout=600)
+    (trace,) = [t for line in next(tmp_path.rglob("traces.jsonl")).open()
+                for t in json.loads(line)["traces"]]
+    assert not trace["ok"]
+    message = " ".join(e["message"] for e in trace["errors"])
+    assert "upstream 400" in message and "script exhausted" in message  # the server's words
+    assert not any(trace["rewards"].values())  # nothing scored
+
+
 # ----- prime-rl's orchestrator role -----
 def _masked_runs(mask: list[bool]) -> list[tuple[int, int]]:
     runs, start = [], None
