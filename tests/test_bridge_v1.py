@@ -18,6 +18,7 @@ pin clashes with verifiers' `openai<3`; vfkit's SDK runs on openai 2.x).
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -43,8 +44,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
 # ----- the throwaway venv -----
-def _run(cmd: list[str], what: str, timeout: float = 1200) -> str:
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+def _run(cmd: list[str], what: str, timeout: float = 1200, env: dict | None = None) -> str:
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env=env)
     if done.returncode:
         raise RuntimeError(f"{what} failed (exit {done.returncode}):\n{done.stdout[-2000:]}\n"
                            f"{done.stderr[-4000:]}")
@@ -173,6 +175,52 @@ async def test_verifiers_eval_scores_a_vfkit_environment_as_vfkit_does(
     else:  # two tool calls per rollout, run by vfkit inside the v1 harness
         assert rewards == {1.0}
         assert all(t["metrics"]["total_tool_calls"] == 2.0 for t in traces)
+
+
+PLAIN_HARNESS = """
+import verifiers.v1 as vf
+from openai import AsyncOpenAI
+from verifiers.v1.runtimes import ProgramResult
+
+
+class PlainChat(vf.Harness[vf.HarnessConfig]):
+    APPENDS_SYSTEM_PROMPT, EXECUTES_CODE, NEEDS_CONTAINER = True, False, False
+
+    async def launch(self, ctx, trace, runtime, endpoint, secret, mcp_urls, data, **kwargs):
+        system, prompt = self.resolve_prompt(data)
+        messages = [{"role": "system", "content": system}] if system else []
+        messages += [m.model_dump(exclude_none=True) for m in prompt]
+        async with AsyncOpenAI(base_url=endpoint, api_key=secret) as client:
+            await client.chat.completions.create(model=ctx.model, messages=messages)
+        return ProgramResult(0, "", "")
+
+
+__all__ = ["PlainChat"]
+"""
+
+
+async def test_a_harness_that_knows_nothing_of_vfkit_is_scored_from_the_trace(
+        v1_python: str, local_envs: None, tmp_path: Path) -> None:
+    """prime-rl's own examples pin `harness.id = "null"`: the vfkit rubric then reads the trace."""
+    (tmp_path / "plain_chat.py").write_text(PLAIN_HARNESS)
+    args = {"num_eval_examples": 4}
+    with TestServer(reverse_model) as server:
+        _run([v1_python, "-c", EVAL_CLI, "vfkit-reverse-text", "-m", "tiny", "-n", "4", "-r", "1",
+              "--no-push", "-o", str(tmp_path / "out"), "--env.taskset.split", "eval",
+              "--env.taskset.args", json.dumps(args), "--env.agent.harness.id", "plain_chat",
+              "--client.base-url", server.base_url],
+             "verifiers' vf-eval", timeout=600, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    traces = [t for line in next(tmp_path.rglob("traces.jsonl")).open()
+              for t in json.loads(line)["traces"]]
+    env = vf.load_environment("reverse-text", **args)
+    expected = await vfkit_states("reverse-text", reverse_model, list(env.get_eval_dataset()),
+                                  **args)
+    assert len(traces) == 4 and all(t["ok"] for t in traces)
+    for trace in traces:
+        assert trace["agent"]["config"]["harness"]["id"] == "plain_chat"
+        state = expected[trace["task"]["data"]["row"]["example_id"]]
+        total = sum(r["score"] * r["weight"] for r in trace["rewards"].values())
+        assert total == pytest.approx(state["reward"])
 
 
 def test_a_failed_vfkit_rollout_fails_its_trace_instead_of_scoring_zero(
