@@ -41,3 +41,16 @@ def test_the_id_finds_vfkit_s_module_even_when_a_same_named_one_is_importable(
     assert type(env).__module__.startswith("vfkit")
     assert env.env_id == "reverse-text" and len(env.get_eval_dataset()) == 2
     assert sys.modules["vfkit_reverse_text"].load_environment  # the vfkit package answered
+
+
+def test_a_stale_entry_point_reads_as_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After the rename, an old install's entry point names a module that is gone."""
+    from importlib.metadata import EntryPoint
+
+    from vfkit.envs import registry
+
+    stale = EntryPoint(name="ghost-env", value="ghost_env:load_environment",
+                       group=registry.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(registry, "_entry_points", lambda: {"ghost-env": stale})
+    with pytest.raises(vf.EnvironmentNotFoundError, match="vf-install ghost-env"):
+        vf.load_environment("ghost-env")

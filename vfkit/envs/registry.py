@@ -59,8 +59,14 @@ def _loader(env_id: str) -> Any:
         return getattr(importlib.import_module(prefixed), "load_environment", None)
     ep = _entry_points().get(env_id) or _entry_points().get(env_id.replace("_", "-"))
     if ep is not None:
-        target = ep.load()
-        return target if callable(target) else getattr(target, "load_environment", None)
+        try:
+            target = ep.load()
+        except ModuleNotFoundError as e:
+            if e.name != ep.module.split(".")[0]:
+                raise  # the environment exists but one of its own imports is missing
+            target = None  # a stale entry point (its package was renamed or removed)
+        if target is not None:
+            return target if callable(target) else getattr(target, "load_environment", None)
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
