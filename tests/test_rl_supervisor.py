@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 from vfkit.launch.recovery import Adapter, adapters_to_reload
-from vfkit.launch.rundir import RunDir
+from vfkit.train.rundir import RunDir
 
 SERVER = textwrap.dedent(
     """
@@ -78,7 +78,7 @@ DRIVER = textwrap.dedent(
     import json, sys
     from pathlib import Path
     from vfkit.launch.process import Child, become_subreaper
-    from vfkit.launch.rundir import RunDir
+    from vfkit.train.rundir import RunDir
     from vfkit.launch.supervisor import RunSpec, Supervisor
     cfg = json.loads(sys.argv[1])
     run = RunDir(Path(cfg["run"]))

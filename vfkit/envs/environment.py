@@ -23,6 +23,7 @@ from typing import Any
 from datasets import Dataset
 from openai import AsyncOpenAI
 
+from vfkit.advantage import set_group_advantages
 from vfkit.client.chat_call import (
     call_model,
     cap_max_tokens,
@@ -260,7 +261,7 @@ class Environment:
         return state
 
     async def score_states(self, states: list[State], sem: asyncio.Semaphore | None = None) -> None:
-        """Score a group with the rubric; failed rollouts get reward 0; advantage = r - mean."""
+        """Score a group with the rubric; failed rollouts get reward 0 and no advantage."""
         failed = [bool(s.get("error")) for s in states]
         start = time.perf_counter()
         try:
@@ -277,13 +278,9 @@ class Environment:
         for s, was_failed in zip(states, failed, strict=True):
             s["metrics"] = s.get("metrics") or {}
             s["reward"] = 0.0 if was_failed or s.get("reward") is None else float(s["reward"])
-        mean = sum(s["reward"] for s in states) / len(states) if states else 0.0
-        for s in states:
-            s["advantage"] = s["reward"] - mean
             s["timing"]["scoring_ms"] = scoring_ms
             s["timing"]["total_ms"] = s["timing"]["generation_ms"] + scoring_ms
-            for step in s["trajectory"]:
-                step["reward"], step["advantage"] = s["reward"], s["advantage"]
+        set_group_advantages(states)
 
     async def run_rollout(
         self, input: dict[str, Any], client: AsyncOpenAI, model: str,

@@ -22,7 +22,7 @@ from vfkit.launch.preflight import (
     check_port,
     run_preflight,
 )
-from vfkit.launch.rundir import RunDir, resolve_run_dir
+from vfkit.train.rundir import RunDir, resolve_run_dir
 
 if TYPE_CHECKING:
     from vfkit.train.config import RunConfig

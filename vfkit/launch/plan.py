@@ -10,9 +10,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vfkit.launch.rundir import RunDir
 from vfkit.train.config import RunConfig, gpu_count
 from vfkit.train.inference import choose_backend, device_ids
+from vfkit.train.rundir import RunDir
 
 
 @dataclass

@@ -18,8 +18,8 @@ from typing import Any
 from vfkit.errors import VfkitError
 from vfkit.launch.health import is_healthy
 from vfkit.launch.plan import Plan, device_ids, make_plan, resolve_backend
-from vfkit.launch.rundir import RunDir
 from vfkit.train.config import RunConfig
+from vfkit.train.rundir import RunDir
 
 
 @dataclass

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vfkit.launch.rundir import RunDir
+from vfkit.train.rundir import RunDir
 
 _STEP = re.compile(r"-step(\d+)$")
 _FOLDER = re.compile(r"step_(\d+)")

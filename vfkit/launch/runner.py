@@ -8,10 +8,10 @@ from typing import Any
 
 from vfkit.launch.plan import Plan
 from vfkit.launch.process import DescendantTracker, Printer, become_subreaper
-from vfkit.launch.rundir import RunDir
 from vfkit.launch.supervisor import RunSpec, ServerFactory, Supervisor
 from vfkit.train.config import RunConfig
 from vfkit.train.inference import visible_devices
+from vfkit.train.rundir import RunDir
 
 
 class ManagedServer:

@@ -30,7 +30,7 @@ from vfkit.launch.recovery import (
     loaded_adapters,
     reload_adapters,
 )
-from vfkit.launch.rundir import RunDir
+from vfkit.train.rundir import RunDir
 
 EXIT_KILLED = 130
 INCIDENT_WINDOW_S = 120.0  # a trainer failing this soon after a server restart is resumed

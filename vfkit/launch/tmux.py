@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from vfkit.errors import VfkitError
-from vfkit.launch.rundir import RunDir
+from vfkit.train.rundir import RunDir
 
 _SKIP_ENV = re.compile(r"^(TMUX.*|TERM|TERM_.*|COLUMNS|LINES|SHLVL|_|PWD|OLDPWD)$")
 
