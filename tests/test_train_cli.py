@@ -83,7 +83,7 @@ def test_one_sigint_finishes_the_step_checkpoints_and_exits_zero(
 
 def test_second_signal_interrupts_at_once(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     from vfkit.cli import train as cli
-    from vfkit.train.trainer import StopFlag
+    from vfkit.train.loop import StopFlag
 
     old = signal.getsignal(signal.SIGINT)
     stop = StopFlag()

@@ -8,7 +8,7 @@ import pytest
 
 from vfkit.errors import VfkitError
 from vfkit.train.config_loader import parse_config
-from vfkit.train.inference import choose_backend, cpu_threads, launcher_kwargs
+from vfkit.train.placement import choose_backend, cpu_threads, launcher_kwargs
 from vfkit.train.rundir import RunDir, dump_toml, open_run_dir, step_of
 
 BASE = 'model = "m"\n[env]\nid = "e"\n'
@@ -47,14 +47,14 @@ def test_backend_and_threads(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) ->
     cfg = parse_config(BASE)
     assert choose_backend(cfg) == "builtin"  # no CUDA here
     assert cpu_threads(cfg) == (4, 4)
-    assert launcher_kwargs(cfg, tmp_path)["extra_args"] == ["--threads", "4"]
+    assert launcher_kwargs(cfg, RunDir(tmp_path))["extra_args"] == ["--threads", "4"]
     remote = parse_config(BASE, overrides=['inference.base_url="http://10.1.2.3:8000/v1"'])
     assert cpu_threads(remote) is None  # the server has its own machine
-    assert launcher_kwargs(cfg, tmp_path)["allowed_adapter_dirs"] == [
+    assert launcher_kwargs(cfg, RunDir(tmp_path))["allowed_adapter_dirs"] == [
         str((tmp_path).resolve())]
     vllm = parse_config(BASE, overrides=['inference.backend="vllm"',
                                          'inference.base_url="http://h:1/v1"'])
-    assert launcher_kwargs(vllm, tmp_path)["extra_args"] == [
+    assert launcher_kwargs(vllm, RunDir(tmp_path))["extra_args"] == [
         "--logprobs-mode", "processed_logprobs"]  # sampled-distribution logprobs, as the loss needs
 
 

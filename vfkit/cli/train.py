@@ -56,7 +56,7 @@ def install_stop_handlers(stop) -> None:
 
 def accelerate_argv(cfg, argv: list[str]) -> list[str] | None:
     """The `accelerate launch` command for several trainer GPUs (None: run in this process)."""
-    from vfkit.train.inference import device_ids
+    from vfkit.train.placement import device_ids
 
     devices = device_ids(cfg)[1]
     if len(devices) < 2 or "LOCAL_RANK" in os.environ:
@@ -75,12 +75,12 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.config, args.overrides)  # every config error, before any model
         relaunch = accelerate_argv(cfg, argv)
         if relaunch:
-            from vfkit.train.inference import device_ids
+            from vfkit.train.placement import device_ids
 
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, device_ids(cfg)[1]))
             os.execv(sys.executable, relaunch)
+        from vfkit.train.loop import StopFlag
         from vfkit.train.phases import run_phase
-        from vfkit.train.trainer import StopFlag
 
         stop = StopFlag()
         install_stop_handlers(stop)

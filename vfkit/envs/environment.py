@@ -32,6 +32,7 @@ from vfkit.client.chat_call import (
     response_message,
     response_text,
 )
+from vfkit.client.sampling import merge_sampling_args
 from vfkit.client.tokens import parse_tokens
 from vfkit.envs.async_utils import error_text, maybe_await, run_sync
 from vfkit.envs.dataset import clean_messages, format_dataset, format_row, parse_info, select
@@ -228,13 +229,8 @@ class Environment:
         raise NotImplementedError(f"{type(self).__name__} must implement rollout()")
 
     def merge_sampling_args(self, sampling_args: SamplingArgs | None) -> SamplingArgs:
-        """The environment's default sampling args updated by the caller's (extra_body merged)."""
-        merged = {**self.sampling_args, **(sampling_args or {})}
-        extra = {**(self.sampling_args.get("extra_body") or {}),
-                 **((sampling_args or {}).get("extra_body") or {})}
-        if extra:
-            merged["extra_body"] = extra
-        return merged
+        """The environment's own sampling args under the caller's (client/sampling.py)."""
+        return merge_sampling_args(self.sampling_args, sampling_args)
 
     def wrap_client(self, client: AsyncOpenAI, max_retries: int | None = None) -> AsyncOpenAI:
         """The client with this environment's per-request timeout and retry count."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vfkit.train.config import RunConfig, gpu_count
-from vfkit.train.inference import choose_backend, device_ids
+from vfkit.train.placement import choose_backend, device_ids
 from vfkit.train.rundir import RunDir
 
 

@@ -10,7 +10,7 @@ from vfkit.launch.plan import Plan
 from vfkit.launch.process import DescendantTracker, Printer, become_subreaper
 from vfkit.launch.supervisor import RunSpec, ServerFactory, Supervisor
 from vfkit.train.config import RunConfig
-from vfkit.train.inference import visible_devices
+from vfkit.train.placement import visible_devices
 from vfkit.train.rundir import RunDir
 
 
@@ -54,9 +54,9 @@ class ManagedServer:
 def server_factory(cfg: RunConfig, plan: Plan) -> ServerFactory:
     """start(port): the server exactly as vf-train would start it (same model folder and flags)."""
     from vfkit.hub import resolve_model
-    from vfkit.train.inference import launcher_kwargs
+    from vfkit.train.placement import launcher_kwargs
 
-    kwargs = launcher_kwargs(cfg, plan.run.root)
+    kwargs = launcher_kwargs(cfg, plan.run)
     kwargs.pop("health_timeout", None)  # the supervisor waits, with a countdown
     model_dir: list[str] = []
 

@@ -66,6 +66,9 @@ class InferenceConfig(Section):
         return _check_gpus(value)
 
 
+SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
 class TrainerArgs(Section):
     # --- rollouts
     rollouts_per_example: int = Field(8, ge=2)
@@ -194,22 +197,15 @@ class TrainerArgs(Section):
         """Distinct prompts per step."""
         return self.batch_size // self.rollouts_per_example
 
-    def sampling_args(self) -> dict[str, Any]:
-        """OpenAI-client sampling arguments for rollouts (extras go in extra_body)."""
-        extra: dict[str, Any] = {"return_token_ids": True}
-        if self.top_k > 0:
-            extra["top_k"] = self.top_k
-        if self.min_p > 0:
-            extra["min_p"] = self.min_p
-        if self.repetition_penalty != 1.0:
-            extra["repetition_penalty"] = self.repetition_penalty
-        return {
-            "max_tokens": self.max_tokens,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "logprobs": True,
-            "extra_body": extra,
-        }
+    def sampling_args(self, *, explicit_only: bool = False) -> dict[str, Any]:
+        """Rollout sampling args from these keys: every one (the built-in defaults, "off" values
+        left out), or only the keys this config sets, which win over the environment's own
+        `sampling_args` (precedence in vfkit/client/sampling.py)."""
+        if explicit_only:
+            return {k: getattr(self, k) for k in SAMPLING_KEYS if k in self.model_fields_set}
+        values = {k: getattr(self, k) for k in SAMPLING_KEYS}
+        off = {"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}
+        return {k: v for k, v in values.items() if off.get(k, object()) != v}
 
     @property
     def probe_enabled(self) -> bool:
