@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from vfkit.errors import VfkitError
-from vfkit.launch.health import is_healthy
 from vfkit.launch.plan import Plan, device_ids, make_plan, resolve_backend
+from vfkit.serve.launcher import is_healthy
 from vfkit.train.config import RunConfig
 from vfkit.train.rundir import RunDir
 
