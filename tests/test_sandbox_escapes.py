@@ -75,15 +75,16 @@ class Escape:
     name: str
     code: str
     host_path: str = "{tmp}"  # must not exist afterwards ({marker}: inside the sandbox dir)
+    refused: bool = True  # False: allowed, but into a private place the host never sees
 
 
 ESCAPES = [
     Escape("sqlite3 writes a database in /tmp",
            "import sqlite3\nc = sqlite3.connect('{tmp}')\nc.execute('create table t(x)')\n"
            "c.commit()\n"),
-    Escape("sqlite3 writes a database in /dev/shm",
+    Escape("sqlite3 writes a database in /dev/shm (the sandbox's own tmpfs)",
            "import sqlite3\nc = sqlite3.connect('{shm}')\nc.execute('create table t(x)')\n"
-           "c.commit()\n", host_path="{shm}"),
+           "c.commit()\n", host_path="{shm}", refused=False),
     Escape("os.mkfifo in /tmp", "import os\nos.mkfifo('{tmp}')\n"),
     Escape("os.mknod in /tmp", "import os\nos.mknod('{tmp}')\n"),
     Escape("_posixsubprocess.fork_exec runs /bin/sh", _FORK_EXEC, host_path="{marker}"),
@@ -125,7 +126,6 @@ def places():
             os.unlink(path)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13 item 6: the audit hook alone does not hold")
 @pytest.mark.parametrize("escape", ESCAPES, ids=[e.name for e in ESCAPES])
 async def test_escape_fails_and_the_run_goes_on(escape: Escape, places: dict[str, str]) -> None:
     async with Sandbox(LIMITS) as sb:
@@ -135,6 +135,6 @@ async def test_escape_fails_and_the_run_goes_on(escape: Escape, places: dict[str
         assert not host_path.exists(), f"{escape.name}: {host_path} was created"
         assert result.ok, result.stderr
         assert result.stdout.rstrip().endswith(DONE), result.stdout  # the program went on
-        assert "refused:" in result.stdout, result.stdout
+        assert ("refused:" in result.stdout) == escape.refused, result.stdout
         again = await sb.run("print('still works')")
         assert again.stdout == "still works\n"

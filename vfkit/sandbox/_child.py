@@ -4,9 +4,12 @@ Started by `vfkit.sandbox.Sandbox` as `python -I _child.py`; the first line of s
 ({code, dir, uid, limits, ...}), the rest is the program's own stdin. Standard library only, so
 start-up stays fast.
 
-The supervisor enters a new network namespace (the code inherits it), becomes a child subreaper
-and forks. The code process puts itself in its own process group, applies the limits, drops to
-the sandbox uid and installs the audit hook (in that order: each step would block the next).
+The supervisor enters new mount and network namespaces (the code inherits them), turns the file
+system read-only but for the sandbox directory (_fsview), becomes a child subreaper and forks.
+The code process puts itself in its own process group, applies the limits, drops to the sandbox
+uid (or, not root, drops every capability), installs the seccomp filter (_seccomp) and the audit
+hook (in that order: each step would block the next). Each layer that could not be put in place
+is reported as "none (why)" in the isolation report, never skipped silently.
 When the code process exits, or on SIGTERM from the parent (wall clock), the supervisor kills
 whatever the code left running, reaps every process (orphans come to it, not to PID 1, which on
 some machines never reaps) and reports the code's exit status on the status pipe.
@@ -25,8 +28,11 @@ import traceback
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, _HERE)  # -I leaves the script's folder off sys.path; removed before user code
-from _audit import make_audit_hook  # noqa: E402  # needs the path line above
+import _fsview  # noqa: E402  # needs the path line above
+import _seccomp  # noqa: E402
+from _audit import make_audit_hook  # noqa: E402
 
+CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
 PR_SET_KEEPCAPS = 8
@@ -50,15 +56,43 @@ def _forget_ctypes() -> None:
         sys.modules.pop(name, None)
 
 
-def _unshare_network(libc, uid_before: int, gid_before: int) -> str:
-    """Move into a fresh network namespace (only a downed loopback); return how, or 'none'."""
-    if libc.unshare(CLONE_NEWNET) == 0:
-        return "netns"
-    # unprivileged: a user namespace grants the right to make a network namespace
-    if libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) == 0:
-        _map_ids(uid_before, gid_before)
-        return "userns+netns"
-    return "none"
+def _enter_namespaces(ctypes, libc, want_net: bool) -> dict[str, str]:
+    """New mount (and network) namespaces for this run: {layer: "ns", "userns+ns" or "none (why)"}.
+
+    As root each is made directly; otherwise a user namespace grants the right to make them.
+    """
+    wanted = {"filesystem": CLONE_NEWNS} | ({"network": CLONE_NEWNET} if want_net else {})
+    if os.geteuid() == 0:
+        return {layer: "ns" if libc.unshare(flag) == 0 else _none("unshare", ctypes)
+                for layer, flag in wanted.items()}
+    uid, gid = os.getuid(), os.getgid()
+    if libc.unshare(CLONE_NEWUSER | sum(wanted.values())) != 0:
+        reason = _none("unshare with a user namespace", ctypes)
+        return dict.fromkeys(wanted, reason)
+    _map_ids(uid, gid)
+    return dict.fromkeys(wanted, "userns+ns")
+
+
+def _none(what: str, ctypes) -> str:
+    return f"none ({what}: {os.strerror(ctypes.get_errno())})"
+
+
+def _isolate(ctypes, libc, spec: dict) -> dict[str, str]:
+    """The supervisor's part of the isolation report: network and file system view."""
+    namespaces = _enter_namespaces(ctypes, libc, spec["isolate_network"])
+    net = namespaces.get("network", "off")
+    report = {"network": {"ns": "netns", "userns+ns": "userns+netns"}.get(net, net)}
+    how = namespaces["filesystem"]
+    if how.startswith("none"):
+        report["filesystem"] = how
+    else:
+        try:
+            view = _fsview.make_readonly_view(ctypes, libc, spec["dir"],
+                                              spec["limits"]["file_size_mb"])
+            report["filesystem"] = view + (" (in a user namespace)" if "userns" in how else "")
+        except OSError as exc:
+            report["filesystem"] = f"none ({exc})"
+    return report
 
 
 def _map_ids(uid: int, gid: int) -> None:
@@ -105,9 +139,35 @@ def _drop_privileges(ctypes, libc, uid: int) -> None:
     data = (ctypes.c_uint32 * 6)(keep, keep, 0, 0, 0, 0)  # {effective, permitted, inheritable} x2
     if libc.capset(header, data) != 0:
         raise OSError(ctypes.get_errno(), "capset failed")
-    # programs the code may start (allow_subprocess) cannot gain privileges via setuid bits
+    _no_new_privs(ctypes, libc)
+
+
+def _drop_all_capabilities(ctypes, libc) -> None:
+    """Not root: give up the capabilities a user namespace granted (they could undo the view)."""
+    header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
+    if libc.capset(header, (ctypes.c_uint32 * 6)()) != 0:
+        raise OSError(ctypes.get_errno(), "capset failed")
+    _no_new_privs(ctypes, libc)
+
+
+def _no_new_privs(ctypes, libc) -> None:
+    """Programs the code may start cannot gain privileges (setuid bits); seccomp needs it too."""
     if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+
+
+def _install_seccomp(ctypes, libc, spec: dict) -> str:
+    """The syscall filter, or "none (why)" where this machine cannot have it."""
+    try:
+        _seccomp.install(ctypes, libc, allow_exec=spec["allow_subprocess"],
+                         unix_sockets_only=spec["isolate_network"])
+    except OSError as exc:
+        return f"none ({exc.strerror or exc})"
+    return "seccomp filter"
+
+
+def _missing_layers(isolation: dict[str, str]) -> str:
+    return "; ".join(f"{k}: {v}" for k, v in isolation.items() if v.startswith("none"))
 
 
 def _run_user_code(code: str) -> int:
@@ -132,13 +192,21 @@ def _run_user_code(code: str) -> int:
     return 0
 
 
-def _child_main(spec: dict, status_fd: int, net: str, ctypes, libc) -> None:
+def _child_main(spec: dict, status_fd: int, isolation: dict, ctypes, libc) -> None:
     """In the forked code process: lock down, report set-up, run the program, exit."""
     try:
         os.setpgid(0, 0)  # own group: the supervisor (and only it) can kill all of it at once
         _set_limits(spec["limits"])
         if spec["uid"] is not None:
             _drop_privileges(ctypes, libc, spec["uid"])
+            isolation["identity"] = f"uid {spec['uid']} of its own"
+        else:
+            _drop_all_capabilities(ctypes, libc)
+            isolation["identity"] = "none (not root: runs as your own user)"
+        isolation["syscalls"] = _install_seccomp(ctypes, libc, spec)
+        if spec["require_isolation"] and (missing := _missing_layers(isolation)):
+            raise RuntimeError(f"isolation incomplete ({missing}) and "
+                               "SandboxLimits.require_isolation is set: the code was not run")
         del ctypes, libc
         _forget_ctypes()
         os.chdir(spec["dir"])
@@ -149,7 +217,7 @@ def _child_main(spec: dict, status_fd: int, net: str, ctypes, libc) -> None:
     except Exception as exc:  # a sandbox that could not be set up must not run the code
         _report(status_fd, {"error": f"{type(exc).__name__}: {exc}"})
         os._exit(EXIT_SETUP_FAILED)
-    _report(status_fd, {"network": net})
+    _report(status_fd, {"isolation": isolation})
     os.close(status_fd)
     status = _run_user_code(spec["code"])
     sys.stdout.flush()
@@ -209,9 +277,7 @@ def main() -> None:
     status_fd = spec["status_fd"]
     try:
         ctypes, libc = _load_libc()
-        net = "off"
-        if spec["isolate_network"]:
-            net = _unshare_network(libc, os.getuid(), os.getgid())
+        isolation = _isolate(ctypes, libc, spec)
         if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
     except Exception as exc:
@@ -219,7 +285,7 @@ def main() -> None:
         os._exit(EXIT_SETUP_FAILED)
     child = os.fork()
     if child == 0:
-        _child_main(spec, status_fd, net, ctypes, libc)
+        _child_main(spec, status_fd, isolation, ctypes, libc)
     os.close(0)  # the program's stdin belongs to the code process
     _report(status_fd, _supervise(child, spec["uid"]))
     os._exit(0)
