@@ -8,14 +8,18 @@ forbidden effect did not happen: no file appeared outside the sandbox directory,
 from __future__ import annotations
 
 import os
+import sys
 import textwrap
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from openai import AsyncOpenAI
 
+import vfkit
 from vfkit.sandbox import Sandbox, SandboxLimits
+from vfkit.testing.test_server import Reply, TestServer
 
 LIMITS = SandboxLimits(timeout_s=8, cpu_seconds=8)
 DONE = "carried on"
@@ -138,3 +142,27 @@ async def test_escape_fails_and_the_run_goes_on(escape: Escape, places: dict[str
         assert ("refused:" in result.stdout) == escape.refused, result.stdout
         again = await sb.run("print('still works')")
         assert again.stdout == "still works\n"
+
+
+async def test_an_escape_in_a_tool_call_fails_and_the_rollout_goes_on(places) -> None:
+    """Through python-sandbox and a scripted model on loopback: the escape fails at the kernel,
+    the tool reply says so, and the model's next call and final answer are scored as usual."""
+    env_dir = str(Path(vfkit.__file__).resolve().parents[1] / "environments" / "python-sandbox")
+    if env_dir not in sys.path:
+        sys.path.insert(0, env_dir)
+    import python_sandbox  # from this checkout, after the path line above
+
+    escape = _DISABLE_HOOK + "    open('{tmp}', 'w').write('x')\n"
+    script = [Reply(tool_calls=[{"name": "run_python", "arguments": {"code": code}}])
+              for code in (_wrap(escape.format(**places)), "print(6 * 7)")]
+    env = python_sandbox.load_environment(num_train_examples=6, num_eval_examples=6,
+                                          timeout_s=8, cpu_seconds=8, max_tokens=8192)
+    with TestServer([*script, "<answer>42</answer>"], max_context=32768) as server:
+        async with AsyncOpenAI(base_url=server.base_url, api_key="x") as client:
+            state = await env.run_rollout({"question": "What is 6 * 7?", "answer": "42"},
+                                          client, "m")
+    replies = [m["content"] for m in state["completion"] if m["role"] == "tool"]
+    assert not os.path.exists(places["tmp"])
+    assert "hook disabled" in replies[0] and "Read-only file system" in replies[0], replies[0]
+    assert replies[1] == "42"
+    assert state["error"] is None and state["reward"] == 1.0

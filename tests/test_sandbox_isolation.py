@@ -1,0 +1,122 @@
+"""What each run reports about its kernel isolation, and how the sandbox degrades without root.
+
+The escapes themselves are in test_sandbox_escapes.py; here: the report is true (as root every
+layer holds on a kernel that gives namespaces), the host's own mounts are untouched, and a
+non-root user gets the namespaces and seccomp, a clear "none (why)" for the per-sandbox uid, a
+logged warning, and a refusal when `require_isolation` is set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+
+import pytest
+
+import vfkit
+from vfkit.sandbox import SandboxLimits, run_python
+
+AS_ROOT = os.geteuid() == 0
+LIMITS = SandboxLimits(timeout_s=8, cpu_seconds=8)
+REPO = str(Path(vfkit.__file__).resolve().parents[1])
+
+
+def _skip_unless_kernel_gave(isolation: dict[str, str], *layers: str) -> None:
+    missing = {k: isolation[k] for k in layers if isolation[k].startswith("none")}
+    if missing:
+        pytest.skip(f"this machine does not give {missing}")
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="a uid of its own per sandbox needs root")
+async def test_as_root_every_layer_holds_and_says_how() -> None:
+    result = await run_python("print('hi')", LIMITS)
+    assert result.ok, result.stderr
+    _skip_unless_kernel_gave(result.isolation, "network", "filesystem", "syscalls")
+    assert result.isolation["network"] == "netns"
+    assert result.isolation["filesystem"].startswith("read-only except the sandbox directory")
+    assert result.isolation["syscalls"] == "seccomp filter"
+    assert result.isolation["identity"].startswith("uid 62")  # leased from 620000-624095
+    strict = await run_python("print('hi')", SandboxLimits(timeout_s=8, require_isolation=True))
+    assert strict.ok and strict.stdout == "hi\n"
+
+
+async def test_the_hosts_mounts_and_tmp_are_untouched() -> None:
+    before = Path("/proc/self/mountinfo").read_text()
+    result = await run_python("import os\nprint(len(os.listdir('/dev/shm')))", LIMITS)
+    assert result.ok, result.stderr
+    _skip_unless_kernel_gave(result.isolation, "filesystem")
+    assert result.stdout == "0\n"  # the sandbox's /dev/shm is its own, empty tmpfs
+    assert Path("/proc/self/mountinfo").read_text() == before  # nothing propagated back
+    probe = Path("/tmp") / f"vfkit-host-write-{uuid.uuid4().hex}"
+    probe.write_text("x")  # the host still writes where the sandbox cannot
+    probe.unlink()
+
+
+async def test_isolate_network_off_is_reported_as_off() -> None:
+    result = await run_python("print(1)", SandboxLimits(timeout_s=8, isolate_network=False))
+    assert result.ok and result.network == "off"
+
+
+# Runs as an unprivileged user: only builtin modules may be imported after set-up, because this
+# machine's interpreter lives under /root, readable only through the capability the user is lent.
+_AS_USER = """
+    import asyncio, json, logging, sys
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    from vfkit.sandbox import SandboxLimits, run_python
+    async def main():
+        lax = await run_python(sys.argv[1], SandboxLimits(timeout_s=8))
+        strict = await run_python("print(1)", SandboxLimits(timeout_s=8, require_isolation=True))
+        print(json.dumps({"lax": [lax.status, lax.stdout, lax.stderr, lax.isolation],
+                          "strict": [strict.status, strict.stderr]}))
+    asyncio.run(main())
+"""
+_HOOK_OFF_THEN_WRITE = """
+import gc
+hook = next(o for o in gc.get_objects()
+            if getattr(o, '__qualname__', '') == 'make_audit_hook.<locals>.hook')
+dict(zip(hook.__code__.co_freevars, hook.__closure__))['inside'].cell_contents = lambda p: True
+try:
+    open({target!r}, 'w').write('x')
+except OSError as exc:
+    print('refused', exc.errno)
+"""
+
+
+@pytest.mark.skipif(not AS_ROOT or not shutil.which("setpriv"),
+                    reason="becoming an unprivileged user needs root and util-linux setpriv")
+def test_without_root_the_sandbox_degrades_out_loud() -> None:
+    target = Path(f"/tmp/vfkit-nonroot-escape-{uuid.uuid4().hex}")
+    try:
+        _check_nonroot_run(target)
+    finally:
+        target.unlink(missing_ok=True)
+
+
+def _check_nonroot_run(target: Path) -> None:
+    code = _HOOK_OFF_THEN_WRITE.format(target=str(target))
+    # nobody, lent CAP_DAC_READ_SEARCH only so that it can read this interpreter
+    cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+           "--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search",
+           sys.executable, "-c", textwrap.dedent(_AS_USER), code]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd="/",
+                          env={"PYTHONPATH": REPO, "PATH": os.environ.get("PATH", "")})
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    (status, stdout, stderr, isolation), (strict_status, strict_error) = (
+        report["lax"], report["strict"])
+    assert not target.exists()
+    assert isolation["identity"] == "none (not root: runs as your own user)"
+    assert "no kernel-enforced identity isolation" in proc.stderr  # logged, not silent
+    assert strict_status == "setup_failed"
+    assert "SandboxLimits.require_isolation" in strict_error and "identity" in strict_error
+    assert status == "ok", stderr
+    _skip_unless_kernel_gave(isolation, "filesystem", "syscalls")
+    assert isolation["network"] == "userns+netns"
+    assert isolation["filesystem"].endswith("(in a user namespace)")
+    assert stdout == "refused 30\n"  # EROFS: the read-only view held with the hook disabled
