@@ -8,6 +8,7 @@ forbidden effect did not happen: no file appeared outside the sandbox directory,
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import textwrap
 import uuid
@@ -166,3 +167,26 @@ async def test_an_escape_in_a_tool_call_fails_and_the_rollout_goes_on(places) ->
     assert "hook disabled" in replies[0] and "Read-only file system" in replies[0], replies[0]
     assert replies[1] == "42"
     assert state["error"] is None and state["reward"] == 1.0
+
+
+def _host_shm_keys() -> set[int]:
+    lines = Path("/proc/sysvipc/shm").read_text().splitlines()[1:]
+    return {int(line.split()[0]) for line in lines}
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/sysvipc/shm"), reason="no System V IPC here")
+async def test_system_v_shared_memory_does_not_outlive_the_run() -> None:
+    """A segment made with ctypes would stay in the host's IPC namespace after the run ended."""
+    key = int(uuid.uuid4().int % 2**30) + 1
+    code = _LOAD_CTYPES + (
+        f"    shm_id = ctypes.CDLL(None, use_errno=True).shmget({key}, 4096, 0o1000 | 0o600)\n"
+        "    print('segment', shm_id)\n")
+    try:
+        async with Sandbox(LIMITS) as sb:
+            result = await sb.run(_wrap(code))
+        assert result.ok, result.stderr
+        assert "segment" in result.stdout, result.stdout  # it was made, in the run's namespace
+        assert key not in _host_shm_keys(), "the segment outlived the run in the host"
+    finally:
+        if key in _host_shm_keys():  # a sandbox without its own IPC namespace leaked it
+            subprocess.run(["ipcrm", "-M", str(key)], check=False)

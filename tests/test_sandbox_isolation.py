@@ -37,8 +37,8 @@ def _skip_unless_kernel_gave(isolation: dict[str, str], *layers: str) -> None:
 async def test_as_root_every_layer_holds_and_says_how() -> None:
     result = await run_python("print('hi')", LIMITS)
     assert result.ok, result.stderr
-    _skip_unless_kernel_gave(result.isolation, "network", "filesystem", "syscalls")
-    assert result.isolation["network"] == "netns"
+    _skip_unless_kernel_gave(result.isolation, "network", "ipc", "filesystem", "syscalls")
+    assert result.isolation["network"] == "netns" and result.isolation["ipc"] == "ipcns"
     assert result.isolation["filesystem"].startswith("read-only except the sandbox directory")
     assert result.isolation["syscalls"] == "seccomp filter"
     assert result.isolation["identity"].startswith("uid 62")  # leased from 620000-624095
@@ -117,6 +117,6 @@ def _check_nonroot_run(target: Path) -> None:
     assert "SandboxLimits.require_isolation" in strict_error and "identity" in strict_error
     assert status == "ok", stderr
     _skip_unless_kernel_gave(isolation, "filesystem", "syscalls")
-    assert isolation["network"] == "userns+netns"
+    assert isolation["network"] == "userns+netns" and isolation["ipc"] == "userns+ipcns"
     assert isolation["filesystem"].endswith("(in a user namespace)")
     assert stdout == "refused 30\n"  # EROFS: the read-only view held with the hook disabled

@@ -33,6 +33,7 @@ import _seccomp  # noqa: E402
 from _audit import make_audit_hook  # noqa: E402
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWIPC = 0x08000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
 PR_SET_KEEPCAPS = 8
@@ -57,20 +58,23 @@ def _forget_ctypes() -> None:
 
 
 def _enter_namespaces(ctypes, libc, want_net: bool) -> dict[str, str]:
-    """New mount (and network) namespaces for this run: {layer: "ns", "userns+ns" or "none (why)"}.
+    """New namespaces for this run: {layer: "<x>ns", "userns+<x>ns" or "none (why)"}.
 
-    As root each is made directly; otherwise a user namespace grants the right to make them.
+    Mount (for the read-only view), IPC (System V objects and POSIX queues the code creates
+    vanish with the run, and the host's are out of reach) and network. As root each is made
+    directly; otherwise a user namespace grants the right to make them.
     """
-    wanted = {"filesystem": CLONE_NEWNS} | ({"network": CLONE_NEWNET} if want_net else {})
+    wanted = {"filesystem": ("mnt", CLONE_NEWNS), "ipc": ("ipc", CLONE_NEWIPC)}
+    if want_net:
+        wanted["network"] = ("net", CLONE_NEWNET)
     if os.geteuid() == 0:
-        return {layer: "ns" if libc.unshare(flag) == 0 else _none("unshare", ctypes)
-                for layer, flag in wanted.items()}
+        return {layer: f"{short}ns" if libc.unshare(flag) == 0 else _none("unshare", ctypes)
+                for layer, (short, flag) in wanted.items()}
     uid, gid = os.getuid(), os.getgid()
-    if libc.unshare(CLONE_NEWUSER | sum(wanted.values())) != 0:
-        reason = _none("unshare with a user namespace", ctypes)
-        return dict.fromkeys(wanted, reason)
+    if libc.unshare(CLONE_NEWUSER | sum(flag for _, flag in wanted.values())) != 0:
+        return dict.fromkeys(wanted, _none("unshare with a user namespace", ctypes))
     _map_ids(uid, gid)
-    return dict.fromkeys(wanted, "userns+ns")
+    return {layer: f"userns+{short}ns" for layer, (short, _) in wanted.items()}
 
 
 def _none(what: str, ctypes) -> str:
@@ -78,11 +82,10 @@ def _none(what: str, ctypes) -> str:
 
 
 def _isolate(ctypes, libc, spec: dict) -> dict[str, str]:
-    """The supervisor's part of the isolation report: network and file system view."""
+    """The supervisor's part of the isolation report: network, IPC and file system view."""
     namespaces = _enter_namespaces(ctypes, libc, spec["isolate_network"])
-    net = namespaces.get("network", "off")
-    report = {"network": {"ns": "netns", "userns+ns": "userns+netns"}.get(net, net)}
-    how = namespaces["filesystem"]
+    report = {"network": namespaces.get("network", "off"), "ipc": namespaces["ipc"]}
+    how = namespaces.pop("filesystem")
     if how.startswith("none"):
         report["filesystem"] = how
     else:
