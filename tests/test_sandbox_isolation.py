@@ -122,3 +122,36 @@ def _check_nonroot_run(target: Path) -> None:
     assert isolation["filesystem"].endswith("(in a user namespace)")
     # EROFS: the read-only view held with the hook disabled; no capability left in the userns
     assert stdout == "refused 30\n['CapEff:', '0000000000000000']\n"
+
+
+_REFUSE_NAMESPACES = """
+    import asyncio, ctypes, json, logging, sys
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    from vfkit.sandbox import SandboxLimits, _seccomp, run_python
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.prctl(38, 1, 0, 0, 0) == 0  # PR_SET_NO_NEW_PRIVS, needed for the filter
+    # the sandbox's own filter refuses unshare: a machine where namespaces are not allowed
+    _seccomp.install(ctypes, libc, allow_exec=True, unix_sockets_only=False)
+    async def main():
+        lax = await run_python("print('hi')", SandboxLimits(timeout_s=8))
+        strict = await run_python("print(1)", SandboxLimits(timeout_s=8, require_isolation=True))
+        print(json.dumps({"lax": [lax.status, lax.stdout, lax.isolation],
+                          "strict": [strict.status, strict.stderr]}))
+    asyncio.run(main())
+"""
+
+
+def test_where_namespaces_are_refused_each_missing_layer_is_stated() -> None:
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_REFUSE_NAMESPACES)],
+                          capture_output=True, text=True, timeout=120,
+                          env={"PYTHONPATH": REPO, "PATH": os.environ.get("PATH", "")})
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    (status, stdout, isolation), (strict_status, strict_error) = report["lax"], report["strict"]
+    assert status == "ok" and stdout == "hi\n"  # it still runs, and says with what
+    for layer in ("network", "ipc", "filesystem"):
+        assert isolation[layer].startswith("none (unshare"), isolation
+        assert f"no kernel-enforced {layer} isolation" in proc.stderr
+        assert f"{layer}: none (unshare" in strict_error
+    assert isolation["syscalls"] == "seccomp filter"
+    assert strict_status == "setup_failed" and "require_isolation" in strict_error

@@ -208,8 +208,10 @@ def _child_main(spec: dict, status_fd: int, isolation: dict, ctypes, libc) -> No
             isolation["identity"] = "none (not root: runs as your own user)"
         isolation["syscalls"] = _install_seccomp(ctypes, libc, spec)
         if spec["require_isolation"] and (missing := _missing_layers(isolation)):
-            raise RuntimeError(f"isolation incomplete ({missing}) and "
-                               "SandboxLimits.require_isolation is set: the code was not run")
+            raise RuntimeError(
+                f"the code was not run: SandboxLimits.require_isolation is set and this machine "
+                f"lacks {missing}; run where namespaces are allowed, or set "
+                "require_isolation=False to accept less (see vfkit/sandbox/README.md)")
         del ctypes, libc
         _forget_ctypes()
         os.chdir(spec["dir"])
