@@ -23,7 +23,7 @@ Refused (EPERM unless said otherwise):
 from __future__ import annotations
 
 import errno
-import platform
+import os
 import struct
 
 # classic BPF opcodes (linux/filter.h) and seccomp constants (linux/seccomp.h)
@@ -81,7 +81,7 @@ def _errno(number: int) -> int:
 
 
 def build_filter(machine: str, *, allow_exec: bool, unix_sockets_only: bool) -> bytes:
-    """The BPF program (packed `struct sock_filter`s) for `machine` (platform.machine())."""
+    """The BPF program (packed `struct sock_filter`s) for `machine` (os.uname().machine)."""
     if machine not in _ARCHES:
         raise OSError(errno.ENOSYS, f"no seccomp syscall table for architecture {machine!r}")
     arch, nr = _ARCHES[machine]
@@ -107,7 +107,7 @@ def build_filter(machine: str, *, allow_exec: bool, unix_sockets_only: bool) -> 
 
 def install(ctypes, libc, *, allow_exec: bool, unix_sockets_only: bool) -> None:
     """Install the filter on the calling thread (needs PR_SET_NO_NEW_PRIVS set already)."""
-    program = build_filter(platform.machine(), allow_exec=allow_exec,
+    program = build_filter(os.uname().machine, allow_exec=allow_exec,
                            unix_sockets_only=unix_sockets_only)
     count = len(program) // 8
 
