@@ -58,6 +58,29 @@ async def test_the_hosts_mounts_and_tmp_are_untouched() -> None:
     probe.unlink()
 
 
+async def test_ordinary_code_still_works_under_the_kernel_layers() -> None:
+    """Threads (clone3 falls back to clone), processes, semaphores in /dev/shm, temp files,
+    sqlite in the directory, /dev/null: what the filter and the read-only view must not break."""
+    code = textwrap.dedent("""
+        import multiprocessing, os, sqlite3, tempfile
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(4) as pool:
+            print(sum(pool.map(lambda x: x * x, range(10))))
+        with multiprocessing.Pool(2) as pool:
+            print(pool.map(abs, [-1, -2]))
+        with tempfile.NamedTemporaryFile() as f:
+            print(f.name.startswith(os.getcwd()))
+        db = sqlite3.connect('db.sqlite')
+        db.execute('create table t(x)')
+        db.commit()
+        open(os.devnull, 'w').write('x')
+        print('done')
+        """)
+    result = await run_python(code, SandboxLimits(timeout_s=20, cpu_seconds=20))
+    assert result.ok, result.stderr
+    assert result.stdout == "285\n[1, 2]\nTrue\ndone\n"  # 0 + 1 + 4 + ... + 81 = 285
+
+
 async def test_isolate_network_off_is_reported_as_off() -> None:
     result = await run_python("print(1)", SandboxLimits(timeout_s=8, isolate_network=False))
     assert result.ok and result.network == "off"
