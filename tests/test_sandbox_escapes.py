@@ -190,3 +190,20 @@ async def test_system_v_shared_memory_does_not_outlive_the_run() -> None:
     finally:
         if key in _host_shm_keys():  # a sandbox without its own IPC namespace leaked it
             subprocess.run(["ipcrm", "-M", str(key)], check=False)
+
+
+async def test_a_host_process_cannot_be_killed_with_the_hook_disabled() -> None:
+    """The hook's signal check undone: the pid namespace (and, as root, the uid) still refuse."""
+    victim = subprocess.Popen(["sleep", "60"])
+    try:
+        code = "    import os, signal" + _DISABLE_HOOK + (
+            "    cells['deny'].cell_contents = lambda what: None\n"
+            f"    os.kill({victim.pid}, signal.SIGKILL)\n")
+        async with Sandbox(LIMITS) as sb:
+            result = await sb.run(_wrap(code))
+        assert result.ok, result.stderr
+        assert "refused:" in result.stdout, result.stdout
+        assert victim.poll() is None  # still alive
+    finally:
+        victim.kill()
+        victim.wait()

@@ -35,10 +35,15 @@ def _skip_unless_kernel_gave(isolation: dict[str, str], *layers: str) -> None:
 
 @pytest.mark.skipif(not AS_ROOT, reason="a uid of its own per sandbox needs root")
 async def test_as_root_every_layer_holds_and_says_how() -> None:
-    result = await run_python("print('hi')", LIMITS)
+    code = ("import os\n"
+            "print(os.getpid(), sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))")
+    result = await run_python(code, LIMITS)
     assert result.ok, result.stderr
-    _skip_unless_kernel_gave(result.isolation, "network", "ipc", "filesystem", "syscalls")
+    _skip_unless_kernel_gave(result.isolation, "network", "ipc", "processes", "filesystem",
+                             "syscalls")
     assert result.isolation["network"] == "netns" and result.isolation["ipc"] == "ipcns"
+    assert result.isolation["processes"] == "pidns"
+    assert result.stdout == "2 [1, 2]\n"  # its own /proc: the run's init and the code, no more
     assert result.isolation["filesystem"].startswith("read-only except the sandbox directory")
     assert result.isolation["syscalls"] == "seccomp filter"
     assert result.isolation["identity"].startswith("uid 62")  # leased from 620000-624095
@@ -89,23 +94,28 @@ async def test_isolate_network_off_is_reported_as_off() -> None:
 # Runs as an unprivileged user: only builtin modules may be imported after set-up, because this
 # machine's interpreter lives under /root, readable only through the capability the user is lent.
 _AS_USER = """
-    import asyncio, json, logging, sys
+    import asyncio, json, logging, os, sys
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     from vfkit.sandbox import SandboxLimits, run_python
     async def main():
-        lax = await run_python(sys.argv[1], SandboxLimits(timeout_s=8))
+        code = sys.argv[1].replace("HOST_PID", str(os.getpid()))
+        lax = await run_python(code, SandboxLimits(timeout_s=8))
         strict = await run_python("print(1)", SandboxLimits(timeout_s=8, require_isolation=True))
         print(json.dumps({"lax": [lax.status, lax.stdout, lax.stderr, lax.isolation],
                           "strict": [strict.status, strict.stderr]}))
     asyncio.run(main())
 """
 _HOOK_OFF_THEN_WRITE = """
-import gc
+import gc, os
 hook = next(o for o in gc.get_objects()
             if getattr(o, '__qualname__', '') == 'make_audit_hook.<locals>.hook')
-dict(zip(hook.__code__.co_freevars, hook.__closure__))['inside'].cell_contents = lambda p: True
+dict(zip(hook.__code__.co_freevars, hook.__closure__))['deny'].cell_contents = lambda what: None
 try:
     open({target!r}, 'w').write('x')
+except OSError as exc:
+    print('refused', exc.errno)
+try:
+    os.kill(HOST_PID, 0)  # the host process that started this sandbox, same user
 except OSError as exc:
     print('refused', exc.errno)
 print([line for line in open('/proc/self/status') if line.startswith('CapEff')][0].split())
@@ -143,8 +153,10 @@ def _check_nonroot_run(target: Path) -> None:
     _skip_unless_kernel_gave(isolation, "filesystem", "syscalls")
     assert isolation["network"] == "userns+netns" and isolation["ipc"] == "userns+ipcns"
     assert isolation["filesystem"].endswith("(in a user namespace)")
-    # EROFS: the read-only view held with the hook disabled; no capability left in the userns
-    assert stdout == "refused 30\n['CapEff:', '0000000000000000']\n"
+    assert isolation["processes"] == "userns+pidns"
+    # with the hook disabled: EROFS (read-only view), ESRCH (the host's processes are out of the
+    # pid namespace), and no capability left in the user namespace
+    assert stdout == "refused 30\nrefused 3\n['CapEff:', '0000000000000000']\n"
 
 
 _REFUSE_NAMESPACES = """
@@ -172,7 +184,7 @@ def test_where_namespaces_are_refused_each_missing_layer_is_stated() -> None:
     report = json.loads(proc.stdout)
     (status, stdout, isolation), (strict_status, strict_error) = report["lax"], report["strict"]
     assert status == "ok" and stdout == "hi\n"  # it still runs, and says with what
-    for layer in ("network", "ipc", "filesystem"):
+    for layer in ("network", "ipc", "processes", "filesystem"):
         assert isolation[layer].startswith("none (unshare"), isolation
         assert f"no kernel-enforced {layer} isolation" in proc.stderr
         assert f"{layer}: none (unshare" in strict_error

@@ -34,6 +34,7 @@ from _audit import make_audit_hook  # noqa: E402
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWIPC = 0x08000000
+CLONE_NEWPID = 0x20000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
 PR_SET_KEEPCAPS = 8
@@ -61,10 +62,12 @@ def _enter_namespaces(ctypes, libc, want_net: bool) -> dict[str, str]:
     """New namespaces for this run: {layer: "<x>ns", "userns+<x>ns" or "none (why)"}.
 
     Mount (for the read-only view), IPC (System V objects and POSIX queues the code creates
-    vanish with the run, and the host's are out of reach) and network. As root each is made
-    directly; otherwise a user namespace grants the right to make them.
+    vanish with the run, and the host's are out of reach), pid (the code sees and signals only
+    the run's processes; all die with it) and network. As root each is made directly; otherwise
+    a user namespace grants the right to make them.
     """
-    wanted = {"filesystem": ("mnt", CLONE_NEWNS), "ipc": ("ipc", CLONE_NEWIPC)}
+    wanted = {"filesystem": ("mnt", CLONE_NEWNS), "ipc": ("ipc", CLONE_NEWIPC),
+              "processes": ("pid", CLONE_NEWPID)}
     if want_net:
         wanted["network"] = ("net", CLONE_NEWNET)
     if os.geteuid() == 0:
@@ -84,7 +87,8 @@ def _none(what: str, ctypes) -> str:
 def _isolate(ctypes, libc, spec: dict) -> dict[str, str]:
     """The supervisor's part of the isolation report: network, IPC and file system view."""
     namespaces = _enter_namespaces(ctypes, libc, spec["isolate_network"])
-    report = {"network": namespaces.get("network", "off"), "ipc": namespaces["ipc"]}
+    report = {"network": namespaces.get("network", "off"), "ipc": namespaces["ipc"],
+              "processes": namespaces["processes"]}
     how = namespaces.pop("filesystem")
     if how.startswith("none"):
         report["filesystem"] = how
@@ -268,16 +272,52 @@ def _supervise(child: int, uid: int | None) -> dict:
         except ChildProcessError:
             return result
         if pid == child:
-            if os.WIFSIGNALED(wait_status):
-                result["signal"] = os.WTERMSIG(wait_status)
-            else:
-                result["exit"] = os.waitstatus_to_exitcode(wait_status)
+            result = _exit_status(wait_status)
         if result:  # leftovers: kill them, and whatever was orphaned to us since the last pass
             _kill_code(child, uid)
 
 
+def _exit_status(wait_status: int) -> dict:
+    if os.WIFSIGNALED(wait_status):
+        return {"signal": os.WTERMSIG(wait_status)}
+    return {"exit": os.waitstatus_to_exitcode(wait_status)}
+
+
+def _init_main(spec: dict, status_fd: int, isolation: dict, ctypes, libc) -> None:
+    """pid 1 of the run's pid namespace: its own /proc, then the code process; report how the
+    code ended and exit, upon which the kernel kills every process left in the namespace."""
+    if isolation["filesystem"].startswith("none"):  # never mount over the host's /proc
+        isolation["processes"] += " (the host's /proc stays visible: no mount namespace)"
+    else:
+        try:
+            _fsview.mount_proc(ctypes, libc)
+        except OSError as exc:
+            isolation["processes"] += f" (the host's /proc stays visible: {exc})"
+    code = os.fork()
+    if code == 0:
+        _child_main(spec, status_fd, isolation, ctypes, libc)
+    os.close(0)
+    while True:  # reap orphans as they come (a zombie still counts against RLIMIT_NPROC)
+        pid, wait_status = os.waitpid(-1, 0)
+        if pid == code:
+            _report(status_fd, _exit_status(wait_status))
+            os._exit(0)
+
+
+def _relay(init: int) -> None:
+    """Outside the pid namespace: wait for its init; on SIGTERM (wall clock) SIGKILL it, which
+    kills every process in the namespace."""
+    def kill_init(*_: object) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(init, signal.SIGKILL)
+
+    signal.signal(signal.SIGTERM, kill_init)
+    os.waitpid(init, 0)
+
+
 def main() -> None:
-    """Read the spec, isolate the network, fork the code process, supervise it, report."""
+    """Read the spec, isolate, fork the code process (under an init of its pid namespace when
+    there is one), supervise it, report."""
     spec = json.loads(sys.stdin.buffer.readline())
     status_fd = spec["status_fd"]
     try:
@@ -288,11 +328,16 @@ def main() -> None:
     except Exception as exc:
         _report(status_fd, {"error": f"{type(exc).__name__}: {exc}"})
         os._exit(EXIT_SETUP_FAILED)
-    child = os.fork()
+    pid_namespace = not isolation["processes"].startswith("none")
+    child = os.fork()  # with a pid namespace, this child is its pid 1
     if child == 0:
-        _child_main(spec, status_fd, isolation, ctypes, libc)
+        run = _init_main if pid_namespace else _child_main
+        run(spec, status_fd, isolation, ctypes, libc)
     os.close(0)  # the program's stdin belongs to the code process
-    _report(status_fd, _supervise(child, spec["uid"]))
+    if pid_namespace:
+        _relay(child)
+    else:
+        _report(status_fd, _supervise(child, spec["uid"]))
     os._exit(0)
 
 

@@ -21,6 +21,8 @@ MS_REC = 0x4000
 MS_PRIVATE = 1 << 18
 MS_NOSUID = 0x2
 MS_NODEV = 0x4
+MS_NOEXEC = 0x8
+MS_RDONLY = 0x1
 MOUNT_ATTR_RDONLY = 0x1
 MOUNT_ATTR_NOSUID = 0x2
 MOUNT_ATTR_NODEV = 0x4
@@ -67,3 +69,9 @@ def make_readonly_view(ctypes, libc, sandbox_dir: str, shm_mb: int) -> str:
                f"size={shm_mb}m,mode=1777")
         view += " and a private /dev/shm"
     return view
+
+
+def mount_proc(ctypes, libc) -> None:
+    """Mount a read-only /proc of the calling process's pid namespace (call it from inside):
+    the code then sees only the run's processes, not the host's command lines."""
+    _mount(ctypes, libc, "proc", "/proc", "proc", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)

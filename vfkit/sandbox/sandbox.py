@@ -2,11 +2,12 @@
 
 What is enforced, and by what (the full table, with its conditions, is vfkit/sandbox/README.md):
 - by the kernel: a separate process in its own session; wall-clock timeout (the whole process tree
-  is killed); RLIMIT_CPU, RLIMIT_AS (memory), RLIMIT_FSIZE, RLIMIT_NOFILE; new mount and network
-  namespaces: a file system that is read-only but for the sandbox directory, no network but a
-  downed loopback; a seccomp filter (no programs unless allowed, no namespace or mount changes,
-  no sockets but AF_UNIX); and, when vfkit runs as root, a uid of its own per sandbox, so
-  RLIMIT_NPROC caps that sandbox's processes (fork bombs) and signals reach only its own;
+  is killed); RLIMIT_CPU, RLIMIT_AS (memory), RLIMIT_FSIZE, RLIMIT_NOFILE; new mount, IPC, pid
+  and network namespaces: a file system that is read-only but for the sandbox directory, only
+  the run's own processes (seen and signalled), no network but a downed loopback; a seccomp
+  filter (no programs unless allowed, no namespace or mount changes, no sockets but AF_UNIX);
+  and, when vfkit runs as root, a uid of its own per sandbox, so RLIMIT_NPROC caps that
+  sandbox's processes (fork bombs) and signals reach only its own;
 - by a Python audit hook in the child (PEP 578; not a security boundary): the same refusals
   with a readable message (`PermissionError: sandbox: ... is not allowed`) for ordinary code;
 - by the parent: stdout and stderr are read concurrently and truncated to a byte budget.
