@@ -4,15 +4,18 @@ Started by `vfkit.sandbox.Sandbox` as `python -I _child.py`; the first line of s
 ({code, dir, uid, limits, ...}), the rest is the program's own stdin. Standard library only, so
 start-up stays fast.
 
-The supervisor enters new mount and network namespaces (the code inherits them), turns the file
-system read-only but for the sandbox directory (_fsview), becomes a child subreaper and forks.
+The supervisor enters new mount, IPC, pid and network namespaces (the code inherits them),
+turns the file system read-only but for the sandbox directory (_fsview), becomes a child
+subreaper and forks. With a pid namespace, that child is the namespace's init: it mounts the
+namespace's /proc and forks the code process; when the code exits it reports how and exits, and
+the kernel kills every process left in the namespace (the supervisor SIGKILLs init on SIGTERM
+from the parent, i.e. on the wall clock). Without one, the code process is the supervisor's own
+child, and the supervisor kills and reaps what the code left (orphans come to it, not to PID 1,
+which on some machines never reaps).
 The code process puts itself in its own process group, applies the limits, drops to the sandbox
 uid (or, not root, drops every capability), installs the seccomp filter (_seccomp) and the audit
 hook (in that order: each step would block the next). Each layer that could not be put in place
 is reported as "none (why)" in the isolation report, never skipped silently.
-When the code process exits, or on SIGTERM from the parent (wall clock), the supervisor kills
-whatever the code left running, reaps every process (orphans come to it, not to PID 1, which on
-some machines never reaps) and reports the code's exit status on the status pipe.
 """
 
 from __future__ import annotations
@@ -85,7 +88,7 @@ def _none(what: str, ctypes) -> str:
 
 
 def _isolate(ctypes, libc, spec: dict) -> dict[str, str]:
-    """The supervisor's part of the isolation report: network, IPC and file system view."""
+    """The supervisor's part of the isolation report: namespaces and the file system view."""
     namespaces = _enter_namespaces(ctypes, libc, spec["isolate_network"])
     report = {"network": namespaces.get("network", "off"), "ipc": namespaces["ipc"],
               "processes": namespaces["processes"]}

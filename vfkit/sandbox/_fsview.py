@@ -61,8 +61,12 @@ def make_readonly_view(ctypes, libc, sandbox_dir: str, shm_mb: int) -> str:
     _mount(ctypes, libc, None, "/", None, MS_REC | MS_PRIVATE)
     _mount(ctypes, libc, sandbox_dir, sandbox_dir, None, MS_BIND)
     _setattr(ctypes, libc, "/", AT_RECURSIVE, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID, 0)
-    _setattr(ctypes, libc, sandbox_dir, 0, MOUNT_ATTR_NODEV | MOUNT_ATTR_NOSUID,
-             MOUNT_ATTR_RDONLY)
+    try:
+        _setattr(ctypes, libc, sandbox_dir, 0, MOUNT_ATTR_NODEV | MOUNT_ATTR_NOSUID,
+                 MOUNT_ATTR_RDONLY)
+    except OSError:  # a view the code cannot even write its own directory in is no view
+        _setattr(ctypes, libc, "/", AT_RECURSIVE, 0, MOUNT_ATTR_RDONLY)
+        raise
     view = "read-only except the sandbox directory"
     if os.path.isdir("/dev/shm") and not sandbox_dir.startswith("/dev/shm/"):
         _mount(ctypes, libc, "tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV,
