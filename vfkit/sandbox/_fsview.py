@@ -64,9 +64,8 @@ def make_readonly_view(ctypes, libc, sandbox_dir: str, shm_mb: int) -> str:
     try:
         _setattr(ctypes, libc, sandbox_dir, 0, MOUNT_ATTR_NODEV | MOUNT_ATTR_NOSUID,
                  MOUNT_ATTR_RDONLY)
-    except OSError:  # a view the code cannot even write its own directory in is no view
-        _setattr(ctypes, libc, "/", AT_RECURSIVE, 0, MOUNT_ATTR_RDONLY)
-        raise
+    except OSError as exc:  # not undone: clearing read-only on / could unlock host ro mounts
+        raise RuntimeError(f"the sandbox directory could not be made writable: {exc}") from exc
     view = "read-only except the sandbox directory"
     if os.path.isdir("/dev/shm") and not sandbox_dir.startswith("/dev/shm/"):
         _mount(ctypes, libc, "tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV,
