@@ -300,6 +300,8 @@ def _init_main(spec: dict, status_fd: int, isolation: dict, ctypes, libc) -> Non
     if code == 0:
         _child_main(spec, status_fd, isolation, ctypes, libc)
     os.close(0)
+    # Python's own SIGINT handler is the one signal the code (same uid, not root) could hit us with
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     while True:  # reap orphans as they come (a zombie still counts against RLIMIT_NPROC)
         pid, wait_status = os.waitpid(-1, 0)
         if pid == code:

@@ -61,7 +61,7 @@ class SandboxLimits:
 
     def __post_init__(self) -> None:
         """Reject what the kernel cannot apply (NaN, inf, zero, negative, wrong type) by name."""
-        object.__setattr__(self, "timeout_s", check_seconds("SandboxLimits.timeout_s",
+        object.__setattr__(self, "timeout_s", _check_seconds("SandboxLimits.timeout_s",
                                                             self.timeout_s))
         for name in _COUNTS:
             object.__setattr__(self, name, _check_count(name, getattr(self, name)))
@@ -71,7 +71,7 @@ class SandboxLimits:
                                  f"got {getattr(self, name)!r}")
 
 
-def check_seconds(name: str, value: object) -> float:
+def _check_seconds(name: str, value: object) -> float:
     """`value` as a finite number of seconds > 0, else a ValueError naming `name`."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not (
             math.isfinite(value) and value > 0):
@@ -99,8 +99,8 @@ class SandboxResult:
     status: str  # ok | error | timeout | cpu_limit | killed | setup_failed
     duration_s: float
     truncated: bool = False  # some output was dropped
-    # which kernel layer held, per threat: network, filesystem, identity, syscalls -> how, or
-    # "none (why)" where this machine could not give it (the audit hook still runs)
+    # which kernel layer held, per threat (network, ipc, processes, filesystem, identity,
+    # syscalls) -> how, or "none (why)" where this machine could not give it (README's table)
     isolation: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -183,7 +183,7 @@ class Sandbox:
         for name, value in (("code", code), ("stdin", stdin)):
             if not isinstance(value, str):
                 raise ValueError(f"Sandbox.run: {name} must be a str, got {type(value).__name__}")
-        timeout = self.limits.timeout_s if timeout_s is None else check_seconds(
+        timeout = self.limits.timeout_s if timeout_s is None else _check_seconds(
             "Sandbox.run timeout_s", timeout_s)
         status_r, status_w = os.pipe()
         spec = {"code": code, "dir": str(self.path), "uid": self.uid, "status_fd": status_w,
