@@ -45,3 +45,11 @@ async def test_a_timeout_for_one_run_overrides_the_limit() -> None:
     with Sandbox(SandboxLimits(timeout_s=30, cpu_seconds=30)) as sb:
         result = await sb.run("while True:\n    pass\n", timeout_s=0.5)
     assert result.status == "timeout" and result.duration_s < 10
+
+
+def test_bad_sandbox_arguments_are_refused_by_name(tmp_path) -> None:
+    with pytest.raises(ValueError, match=r"Sandbox base_dir '.*missing' is not an existing dir"):
+        Sandbox(base_dir=str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match="Sandbox limits must be a SandboxLimits, got dict"):
+        Sandbox({"timeout_s": 5})  # type: ignore[arg-type]  # the point
+    assert list(tmp_path.iterdir()) == []

@@ -162,6 +162,10 @@ class Sandbox:
     """
 
     def __init__(self, limits: SandboxLimits | None = None, *, base_dir: str | None = None):
+        if limits is not None and not isinstance(limits, SandboxLimits):
+            raise ValueError(f"Sandbox limits must be a SandboxLimits, got {type(limits).__name__}")
+        if base_dir is not None and not os.path.isdir(base_dir):
+            raise ValueError(f"Sandbox base_dir {base_dir!r} is not an existing directory")
         self.limits = limits or SandboxLimits()
         self._as_root = os.geteuid() == 0
         self._lease = _uids.lease_uid() if self._as_root else None
