@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import uuid
 from collections import defaultdict
 from datetime import datetime
@@ -28,19 +27,17 @@ from vfkit.evaluation.config import (
 )
 from vfkit.evaluation.defaults import eval_defaults
 from vfkit.evaluation.display import EvalProgress, print_summary
+from vfkit.evaluation.failures import FailureTally, ServerStoppedAnswering
+from vfkit.evaluation.recorder import RunRecorder
 from vfkit.evaluation.results import (
     RESULTS_FILE,
-    ResultsWriter,
-    Summary,
     completed_rollouts,
     load_results,
     read_metadata,
-    state_to_row,
-    write_metadata,
 )
 from vfkit.evaluation.resume import apply_resumed_settings
 from vfkit.evaluation.target import Target, open_target
-from vfkit.types import State
+from vfkit.evaluation.urls import redact_url
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +110,7 @@ def build_metadata(cfg: EvalConfig, target: Target, run_id: str, n: int, r: int)
         "env_args": cfg.env_args or {},
         "model": cfg.model,
         "served_model": target.model,
-        "base_url": target.base_url,
+        "base_url": redact_url(target.base_url),  # a password in -b is never written down
         "endpoint_source": target.source,
         "num_examples": n,
         "rollouts_per_example": r,
@@ -125,74 +122,6 @@ def build_metadata(cfg: EvalConfig, target: Target, run_id: str, n: int, r: int)
         "time": now.strftime("%H:%M:%S"),
         "vfkit_version": vfkit.__version__,
     }
-
-
-class RunRecorder:
-    """Collects rows as groups finish: saves them, keeps metadata.json current, shows progress."""
-
-    def __init__(
-        self,
-        cfg: EvalConfig,
-        todo: dict[int, list[int]],
-        prior: list[dict[str, Any]],
-        metric_names: list[str],
-        run_dir: Path | None,
-    ) -> None:
-        self.cfg, self.todo = cfg, todo
-        self.rows = list(prior)
-        self.metric_names = list(metric_names)
-        self.run_dir: Path | None = None
-        self.writer: ResultsWriter | None = None
-        if run_dir is not None:
-            self.open(run_dir)
-        self.meta: dict[str, Any] = {}
-        self.progress: EvalProgress | None = None
-        self._start = time.monotonic()
-
-    def open(self, run_dir: Path) -> None:
-        """Save rows and metadata under `run_dir` from now on."""
-        self.run_dir = run_dir
-        self.writer = ResultsWriter(run_dir, self.cfg.save_every)
-
-    def on_group(self, states: list[State]) -> None:
-        """`env.generate` calls this as each group finishes: rows out, display refreshed."""
-        indices = self.todo.get(states[0].get("example_id")) or list(range(len(states)))
-        cols = self.cfg.state_columns
-        group = [state_to_row(s, k, cols) for s, k in zip(states, indices, strict=True)]
-        for state in states:
-            for name in state.get("metrics") or {}:
-                if name not in self.metric_names:
-                    self.metric_names.append(name)
-        self.rows.extend(group)
-        if self.writer is not None and self.writer.add_group(group):
-            self.save_metadata("running")  # a killed run's metadata still tells how far it got
-        if self.progress is not None:
-            self.progress.update(self.rows)
-
-    def summary(self) -> Summary:
-        return Summary.of(self.rows, self.metric_names)
-
-    def save_metadata(self, status: str) -> None:
-        """Flush pending rows and rewrite metadata.json with the aggregates so far."""
-        if self.run_dir is None:
-            return
-        if self.writer is not None:
-            self.writer.flush()
-        summary = self.summary()
-        averages = summary.averages()
-        reward = averages.pop("reward", None)
-        meta = {
-            **self.meta,
-            "status": status,
-            "num_rollouts": summary.num_rollouts,
-            "errors": summary.errors,
-            "truncated": summary.truncated,
-            "avg_reward": reward,
-            "avg_metrics": averages,
-            "duration_s": round(time.monotonic() - self._start, 3),
-        }
-        meta.update({f"avg_{k}": v for k, v in averages.items()})  # classic verifiers' keys
-        write_metadata(self.run_dir, meta)
 
 
 def _load(cfg: EvalConfig) -> tuple[Any, list[dict[str, Any]], int]:
@@ -233,12 +162,13 @@ def _run(
     console: Console,
 ) -> None:
     """Generate the missing rollouts with a live display; metadata says how it ended."""
+    recorder.failures = FailureTally(redact_url(target.base_url))
     recorder.save_metadata("running")
     total = len(recorder.rows) + sum(map(len, todo.values()))  # saved + still to run
     meta = recorder.meta
     console.print(
         f"{meta['env_id']}: {meta['num_examples']} examples x {meta['rollouts_per_example']} "
-        f"rollouts, model {meta['model']} at {target.base_url}",
+        f"rollouts, model {meta['model']} at {meta['base_url']}",
         markup=False,
         soft_wrap=True,
     )
@@ -246,10 +176,13 @@ def _run(
     try:
         with EvalProgress(console, total, len(recorder.rows)) as recorder.progress:
             asyncio.run(_generate(env, inputs, todo, target, cfg, recorder.on_group))
-        status = "completed"
+        status = recorder.final_status()
+    except ServerStoppedAnswering:
+        status = "incomplete"
+        raise
     finally:
         recorder.save_metadata(status)
-        if status != "completed" and recorder.run_dir is not None:
+        if status not in ("completed", "failed") and recorder.run_dir is not None:
             console.print(f"Stopped early: continue with --resume {recorder.run_dir}", markup=False)
 
 
@@ -264,7 +197,7 @@ def run_eval(cfg: EvalConfig, console: Console | None = None) -> Path | None:
         run_dir = new_run_dir(cfg.output_dir, cfg.env_id or "", cfg.model)
     prior = load_results(run_dir / RESULTS_FILE, repair=True) if cfg.resume and run_dir else []
     todo = plan_groups(inputs, r, completed_rollouts(prior))
-    recorder = RunRecorder(cfg, todo, prior, _reward_names(env), None)
+    recorder = RunRecorder(cfg, todo, prior, _reward_names(env), expected=len(inputs) * r)
     if todo:
         server_log = run_dir / "server.log" if run_dir is not None else None  # None: temp file
         with open_target(cfg, console, server_log) as target:
@@ -292,4 +225,5 @@ def run_eval(cfg: EvalConfig, console: Console | None = None) -> Path | None:
         seed=str(run_dir or cfg.env_id),
         run_dir=run_dir,
     )
+    recorder.raise_unless_usable()  # errors are not results: missing or unscored runs fail
     return run_dir
