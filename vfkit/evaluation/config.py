@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from vfkit.errors import ConfigError
+from vfkit.evaluation.urls import check_base_url
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DEFAULT_NUM_EXAMPLES = 5
@@ -57,6 +58,8 @@ class EvalConfig:
             raise ConfigError("--timeout must be a positive number of seconds")
         if self.max_retries < 0:
             raise ConfigError("--max-retries must be 0 or more")
+        if self.api_base_url is not None:
+            self.api_base_url = check_base_url(self.api_base_url, "-b/--api-base-url")
         if self.resume is not None:
             self.save_results = True  # a resumed run appends to its own results
 

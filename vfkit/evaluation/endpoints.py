@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vfkit.errors import ConfigError
+from vfkit.evaluation.urls import check_base_url
 
 _FIELDS = {"id", "model", "url", "key"}
 
@@ -58,6 +59,7 @@ def load_endpoints(path: Path) -> dict[str, Endpoint]:
             raise ConfigError(f"{where}: missing or non-string key(s) {missing}")
         if "key" in entry and not isinstance(entry["key"], str):
             raise ConfigError(f"{where}: 'key' is the NAME of an environment variable (a string)")
+        check_base_url(entry["url"], f"{where} ({entry['id']!r}): url")
         if entry["id"] in registry:
             raise ConfigError(f"{where}: id {entry['id']!r} is defined twice")
         registry[entry["id"]] = Endpoint(

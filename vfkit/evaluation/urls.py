@@ -7,23 +7,25 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from urllib.parse import urlsplit
 
 from vfkit.errors import ConfigError
 
 OPENAI_API_HOST = "api.openai.com"
+REDACTED = "***"  # what a password becomes
 # "scheme://user:password@" anywhere in a text: the password part is replaced
-_USERINFO_RE = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:)[^@\s/]*@")
+_USERINFO_RE = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:)[^\s/]*@")
 
 
 def redact_text(text: str) -> str:
-    """`text` with every URL password replaced by *** (for errors, logs and metadata)."""
-    return _USERINFO_RE.sub(r"\g<head>***@", text)
+    """`text` with every URL password replaced by REDACTED (for errors, logs and metadata)."""
+    return _USERINFO_RE.sub(rf"\g<head>{REDACTED}@", text)
 
 
 def redact_url(url: str) -> str:
-    """The URL with its password (if any) replaced by ***."""
+    """The URL with its password (if any) replaced by REDACTED."""
     return redact_text(url)
 
 
@@ -58,3 +60,14 @@ def is_openai_api(url: str) -> bool:
     except ValueError:
         return False
     return parts.scheme == "https" and (parts.hostname or "").lower() == OPENAI_API_HOST
+
+
+class RedactPasswords(logging.Filter):
+    """A logging filter that removes URL passwords from every record (httpx logs its URLs)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        redacted = redact_text(message)
+        if redacted != message:
+            record.msg, record.args = redacted, None
+        return True
