@@ -151,3 +151,31 @@ def test_a_raising_reward_function_is_still_a_scored_row(tmp_path):
     meta = json.loads((run_dir / "metadata.json").read_text())
     assert meta["status"] == "completed" and meta["avg_reward"] == pytest.approx(0.5)
 
+
+
+@pytest.mark.slow
+def test_two_resumes_of_one_run_the_second_refuses_at_once(tmp_path):
+    with TestServer(echo_responder) as srv:
+        proc = vf_eval(tmp_path, "eval-echo", "-b", srv.base_url, "-n", "6", "-r", "2", "-s")
+        assert proc.returncode == 0, proc.stderr
+        (run_dir,) = run_dirs(tmp_path / "outputs" / "evals")
+        (run_dir / "results.jsonl").write_text("")  # as if nothing had been saved: 12 to run
+        srv.delay_next(0.3, n=100)
+        first = subprocess.Popen(
+            [sys.executable, "-m", "vfkit.cli.eval", "--resume", str(run_dir), "-c", "1"],
+            cwd=tmp_path, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 120
+        while not read_rows(run_dir):  # the first resume is under way
+            assert first.poll() is None, first.stderr.read() if first.stderr else ""
+            assert time.monotonic() < deadline, "the first resume wrote nothing"
+            time.sleep(0.05)
+        second = vf_eval(tmp_path, "--resume", str(run_dir))
+        assert first.poll() is None, "the first resume ended before the second was refused"
+        assert second.returncode == 1
+        assert str(run_dir) in second.stderr and f"pid {first.pid}" in second.stderr
+        assert "Traceback" not in second.stderr
+        assert first.wait(timeout=120) == 0
+    pairs = [(r["example_id"], r["rollout_idx"]) for r in read_rows(run_dir)]
+    assert sorted(pairs) == [(e, k) for e in range(6) for k in range(2)]  # no duplicates

@@ -8,6 +8,7 @@ group as it lands, and keeps metadata.json up to date, so an interrupted run can
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections import defaultdict
@@ -38,6 +39,7 @@ from vfkit.evaluation.results import (
 from vfkit.evaluation.resume import apply_resumed_settings
 from vfkit.evaluation.target import Target, open_target
 from vfkit.evaluation.urls import redact_url
+from vfkit.runlock import RunLock
 
 log = logging.getLogger(__name__)
 
@@ -186,37 +188,60 @@ def _run(
             console.print(f"Stopped early: continue with --resume {recorder.run_dir}", markup=False)
 
 
-def run_eval(cfg: EvalConfig, console: Console | None = None) -> Path | None:
-    """Run the evaluation `cfg` describes; returns the run folder (None when not saving)."""
-    console = console or Console(stderr=True)
-    run_dir = apply_resumed_settings(cfg) if cfg.resume else None
-    env, inputs, r = _load(cfg)
-    if cfg.api_base_url is None:  # with -b and no -m, the server says which model it serves
-        cfg.model = cfg.model or DEFAULT_MODEL
-    if cfg.save_results and run_dir is None and cfg.model:
-        run_dir = new_run_dir(cfg.output_dir, cfg.env_id or "", cfg.model)
-    prior = load_results(run_dir / RESULTS_FILE, repair=True) if cfg.resume and run_dir else []
-    todo = plan_groups(inputs, r, completed_rollouts(prior))
-    recorder = RunRecorder(cfg, todo, prior, _reward_names(env), expected=len(inputs) * r)
-    if todo:
-        server_log = run_dir / "server.log" if run_dir is not None else None  # None: temp file
-        with open_target(cfg, console, server_log) as target:
-            cfg.model = cfg.model or target.model
-            if cfg.save_results and run_dir is None:
-                run_dir = new_run_dir(cfg.output_dir, cfg.env_id or "", cfg.model)
-            if run_dir is not None:
-                console.print(f"Run folder: {run_dir}", markup=False, soft_wrap=True)
-                recorder.open(run_dir)
-            run_id = run_dir.name if run_dir is not None else uuid.uuid4().hex[:6]
-            recorder.meta = build_metadata(cfg, target, run_id, len(inputs), r)
-            if cfg.resume and run_dir is not None:  # keep when the run first started
-                first = read_metadata(run_dir)
-                recorder.meta.update(date=first.get("date"), time=first.get("time"),
-                                     resumed_at=datetime.now().isoformat(timespec="seconds"))
-            _run(env, inputs, todo, target, cfg, recorder, console)
-    else:
-        console.print("Nothing left to run: every rollout is already in the results.")
+def _run_missing(
+    cfg: EvalConfig,
+    env: Any,
+    inputs: list[dict[str, Any]],
+    r: int,
+    run_dir: Path | None,
+    recorder: RunRecorder,
+    locks: contextlib.ExitStack,
+    console: Console,
+) -> Path | None:
+    """Open the target, then the run folder (locked), and run what `recorder.todo` lists."""
+    server_log = run_dir / "server.log" if run_dir is not None else None  # None: temp file
+    with open_target(cfg, console, server_log) as target:
+        cfg.model = cfg.model or target.model
+        if cfg.save_results and run_dir is None:
+            run_dir = new_run_dir(cfg.output_dir, cfg.env_id or "", cfg.model)
+        if run_dir is not None:
+            if not cfg.resume:  # a resumed run was locked before its results were read
+                locks.enter_context(RunLock(run_dir))
+            console.print(f"Run folder: {run_dir}", markup=False, soft_wrap=True)
+            recorder.open(run_dir)
+        run_id = run_dir.name if run_dir is not None else uuid.uuid4().hex[:6]
+        recorder.meta = build_metadata(cfg, target, run_id, len(inputs), r)
+        if cfg.resume and run_dir is not None:  # keep when the run first started
+            first = read_metadata(run_dir)
+            recorder.meta.update(date=first.get("date"), time=first.get("time"),
+                                 resumed_at=datetime.now().isoformat(timespec="seconds"))
+        _run(env, inputs, recorder.todo, target, cfg, recorder, console)
+    return run_dir
 
+
+def run_eval(cfg: EvalConfig, console: Console | None = None) -> Path | None:
+    """Run the evaluation `cfg` describes; returns the run folder (None when not saving).
+
+    Raises IncompleteEvalError (after the summary) when rollouts are missing or none scored.
+    """
+    console = console or Console(stderr=True)
+    with contextlib.ExitStack() as locks:
+        run_dir = None
+        if cfg.resume:
+            run_dir = apply_resumed_settings(cfg)
+            locks.enter_context(RunLock(run_dir))  # a second --resume of this run stops here
+        env, inputs, r = _load(cfg)
+        if cfg.api_base_url is None:  # with -b and no -m, the server says which model it serves
+            cfg.model = cfg.model or DEFAULT_MODEL
+        if cfg.save_results and run_dir is None and cfg.model:
+            run_dir = new_run_dir(cfg.output_dir, cfg.env_id or "", cfg.model)
+        prior = load_results(run_dir / RESULTS_FILE, repair=True) if cfg.resume and run_dir else []
+        todo = plan_groups(inputs, r, completed_rollouts(prior))
+        recorder = RunRecorder(cfg, todo, prior, _reward_names(env), expected=len(inputs) * r)
+        if todo:
+            run_dir = _run_missing(cfg, env, inputs, r, run_dir, recorder, locks, console)
+        else:
+            console.print("Nothing left to run: every rollout is already in the results.")
     print_summary(
         Console(),
         recorder.summary(),
