@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import uuid
 from collections import defaultdict
@@ -80,28 +81,29 @@ async def _generate(
     """Run the missing rollouts; groups of equal size go through one `env.generate` call."""
     from openai import AsyncOpenAI
 
-    client = AsyncOpenAI(
-        base_url=target.base_url,
-        api_key=target.api_key,
-        default_headers=target.headers or None,
-        timeout=cfg.timeout,
-        max_retries=cfg.max_retries,
-    )
     by_size: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for i, row in enumerate(inputs):
         missing = todo.get(row.get("example_id", i))
         if missing:
             by_size[len(missing)].append(row)
-    for size, rows in sorted(by_size.items()):  # partial groups (after a torn write) are few
-        await env.generate(
-            rows,
-            client,
-            target.model,
-            dict(cfg.sampling_args),
-            rollouts_per_example=size,
-            max_concurrent=cfg.max_concurrent,
-            on_group=on_group,
-        )
+    # closed inside the event loop: closing it after the loop ends prints a spurious traceback
+    async with AsyncOpenAI(
+        base_url=target.base_url,
+        api_key=target.api_key,
+        default_headers=target.headers or None,
+        timeout=cfg.timeout,
+        max_retries=cfg.max_retries,
+    ) as client:
+        for size, rows in sorted(by_size.items()):  # partial groups (after a torn write): few
+            await env.generate(
+                rows,
+                client,
+                target.model,
+                dict(cfg.sampling_args),
+                rollouts_per_example=size,
+                max_concurrent=cfg.max_concurrent,
+                on_group=on_group,
+            )
 
 
 def build_metadata(cfg: EvalConfig, target: Target, run_id: str, n: int, r: int) -> dict:
@@ -132,7 +134,15 @@ def _load(cfg: EvalConfig) -> tuple[Any, list[dict[str, Any]], int]:
         raise ConfigError("give an environment id: vf-eval ENV_ID -m MODEL (see --help)")
     from vfkit.envs.registry import load_environment
 
-    env = load_environment(cfg.env_id, **(cfg.env_args or {}))
+    try:
+        env = load_environment(cfg.env_id, **(cfg.env_args or {}))
+    except TypeError as exc:  # load_environment(**kwargs) does not take what -a gave it
+        if not cfg.env_args or "argument" not in str(exc):
+            raise
+        raise ConfigError(
+            f"-a/--env-args: {cfg.env_id}'s load_environment does not accept "
+            f"{json.dumps(cfg.env_args)} ({exc}); pass only the arguments it declares"
+        ) from None
     # the environment wraps the client with its own timeout/retries: make those the flags'
     env.timeout, env.max_retries = cfg.timeout, cfg.max_retries
     defaults = {
