@@ -179,3 +179,36 @@ def test_two_resumes_of_one_run_the_second_refuses_at_once(tmp_path):
         assert first.wait(timeout=120) == 0
     pairs = [(r["example_id"], r["rollout_idx"]) for r in read_rows(run_dir)]
     assert sorted(pairs) == [(e, k) for e in range(6) for k in range(2)]  # no duplicates
+
+
+@pytest.mark.slow
+def test_embedded_server_killed_mid_run_then_resume_finishes(tiny_model_path, tmp_path):
+    import psutil
+
+    out = tmp_path / "evals"
+    argv = [sys.executable, "-m", "vfkit.cli.eval", "eval-echo", "-m", str(tiny_model_path),
+            "-a", '{"num_rows": 8}', "-n", "8", "-r", "2", "-t", "48", "-c", "1",
+            "--max-retries", "0", "-o", str(out)]  # fmt: skip
+    proc = subprocess.Popen(argv, cwd=tmp_path, env=cli_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 240
+    while not any(read_rows(d) for d in run_dirs(out) if (d / "results.jsonl").exists()):
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        assert time.monotonic() < deadline, "no rows written"
+        time.sleep(0.05)
+    (server,) = psutil.Process(proc.pid).children()  # the embedded server
+    server.kill()  # SIGKILL: the server dies mid-run
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 1, stderr
+    assert "Traceback" not in stderr and "--resume" in stderr
+    (run_dir,) = run_dirs(out)
+    before = read_rows(run_dir)
+    assert 0 < len(before) < 16 and all(r["error"] is None for r in before)
+    meta = json.loads((run_dir / "metadata.json").read_text())
+    assert meta["status"] == "incomplete" and meta["missing_rollouts"] == 16 - len(before)
+
+    proc2 = vf_eval(tmp_path, "--resume", str(run_dir), timeout=300)  # a fresh embedded server
+    assert proc2.returncode == 0, proc2.stderr
+    pairs = sorted((r["example_id"], r["rollout_idx"]) for r in read_rows(run_dir))
+    assert pairs == [(e, k) for e in range(8) for k in range(2)]
+    assert json.loads((run_dir / "metadata.json").read_text())["status"] == "completed"
