@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-a", "--env-args", help="JSON object passed to load_environment")
     p.add_argument("-m", "--model", help=f"model or endpoint-registry id (default {DEFAULT_MODEL})")
     p.add_argument("-b", "--api-base-url", help="base URL of an OpenAI-compatible server")
-    p.add_argument("-k", "--api-key-var", help=f"env var holding the key ({DEFAULT_API_KEY_VAR})")
+    p.add_argument("-k", "--api-key-var",
+                   help=f"env var holding the key ({DEFAULT_API_KEY_VAR} for api.openai.com)")
     p.add_argument("--header", action="append", help="extra HTTP header 'Name: Value' (repeatable)")
     p.add_argument("-e", "--endpoints", type=Path, help="endpoint registry TOML ([[endpoint]])")
     p.add_argument("-n", "--num-examples", type=int, help="examples to evaluate (-1: all)")
