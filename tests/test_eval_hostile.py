@@ -77,17 +77,23 @@ FLAG_CASES = [
     (["-b", "http://"], ["-b/--api-base-url"]),
     (["-b", "http://127.0.0.1:port/v1"], ["-b/--api-base-url", "not a valid URL"]),
     (["--header", "no-colon"], ["--header"]),
+    (["--header", "Bad Name: v"], ["--header"]),
+    (["--header", "X-A: v\r\nInjected: 1"], ["--header X-A", "line breaks"]),
+    (["-e", "."], ["-e/--endpoints", "cannot read"]),
+    (["-o", "afile"], ["-o/--output-dir", "is a file"]),
 ]
 
 
 @pytest.mark.parametrize(("flags", "expected"), FLAG_CASES, ids=lambda v: " ".join(v))
 def test_bad_flag_values_are_refused_by_name(cli, tmp_path, flags, expected):
-    base = [] if "-b" in flags else ["-b", UNREACHABLE]
+    (tmp_path / "afile").write_text("not a folder")
+    base = [] if {"-b", "-e"} & set(flags) else ["-b", UNREACHABLE]
     code, err = cli("eval-echo", *base, *flags, "-s")
     assert code in (1, 2), err  # 2: argparse's own usage error
     assert all(word in err for word in expected), err
     assert "Traceback" not in err
     assert not (tmp_path / "outputs").exists()  # refused before anything was written
+    assert (tmp_path / "afile").read_text() == "not a folder"
 
 
 @pytest.mark.parametrize(

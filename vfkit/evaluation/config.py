@@ -25,6 +25,7 @@ MAX_ROLLOUTS_PER_EXAMPLE = 10_000  # beyond this, a typo rather than an experime
 MAX_TIMEOUT_S = 86_400.0  # one day per request
 MAX_RETRIES = 100
 ENV_ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*(\.[A-Za-z0-9_][A-Za-z0-9_-]*)*$")
+HEADER_NAME_RE = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP token (RFC 9110)
 # sampling knob -> (lowest, highest, lowest allowed itself); the OpenAI API's ranges
 _SAMPLING_RANGES = {
     "temperature": (0.0, None, True),
@@ -78,6 +79,8 @@ class EvalConfig:
         check_sampling_args(self.sampling_args, "-S/--sampling-args")
         if self.api_base_url is not None:
             self.api_base_url = check_base_url(self.api_base_url, "-b/--api-base-url")
+        if self.output_dir.exists() and not self.output_dir.is_dir():
+            raise ConfigError(f"-o/--output-dir: {self.output_dir} is a file; pass a folder")
         if self.resume is not None:
             self.save_results = True  # a resumed run appends to its own results
 
@@ -168,8 +171,10 @@ def parse_headers(values: list[str] | None) -> dict[str, str]:
     headers: dict[str, str] = {}
     for item in values or []:
         name, sep, value = item.partition(":")
-        if not sep or not name.strip():
+        if not sep or not HEADER_NAME_RE.match(name.strip()):
             raise ConfigError(f"--header: expected 'Name: Value', got {item!r}")
+        if any(c in value for c in "\r\n\0"):
+            raise ConfigError(f"--header {name.strip()}: the value may not hold line breaks")
         headers[name.strip()] = value.strip()
     return headers
 

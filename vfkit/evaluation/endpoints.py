@@ -36,6 +36,8 @@ def load_endpoints(path: Path) -> dict[str, Endpoint]:
         data = tomllib.loads(Path(path).read_text())
     except FileNotFoundError:
         raise ConfigError(f"-e/--endpoints: no such file {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"-e/--endpoints: cannot read {path} ({exc}); pass a TOML file") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"-e/--endpoints: {path} is not valid TOML: {exc}") from None
     unknown_tables = set(data) - {"endpoint"}
