@@ -167,3 +167,26 @@ def test_resume_drops_a_torn_last_line_with_a_warning_and_reruns_it(cli, tmp_pat
         assert json.loads((run_dir / "metadata.json").read_text())["status"] == "completed"
     finally:
         srv.stop()
+
+
+@pytest.mark.parametrize(
+    ("meta_edit", "expected"),
+    [
+        (lambda m: {**m, "rollouts_per_example": "two"}, ["metadata.json", "-r/--rollouts"]),
+        (lambda m: {**m, "num_examples": -7}, ["metadata.json", "-n/--num-examples"]),
+        (lambda m: {**m, "sampling_args": {"temperature": -1}}, ["metadata.json", "temperature"]),
+        (lambda m: {**m, "env_id": "../x"}, ["metadata.json", "ENV_ID"]),
+        (lambda m: {**m, "base_url": "nowhere"}, ["metadata.json", "-b/--api-base-url"]),
+        (lambda m: [m], ["metadata.json", "not a JSON object"]),
+    ],
+)
+def test_resume_refuses_a_tampered_metadata_file(cli, tmp_path, meta_edit, expected):
+    run_dir, srv = _finished_run(cli, tmp_path)
+    srv.stop()
+    path = run_dir / "metadata.json"
+    path.write_text(json.dumps(meta_edit(json.loads(path.read_text()))))
+    (run_dir / "results.jsonl").write_text("")  # something left to run
+    code, err = cli("--resume", str(run_dir))
+    assert code == 1, err
+    assert all(word in err for word in expected), err
+    assert "Traceback" not in err

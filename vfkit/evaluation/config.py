@@ -60,8 +60,17 @@ class EvalConfig:
     verbose: bool = False
 
     def __post_init__(self) -> None:
+        self.validate()
+        if self.resume is not None:
+            self.save_results = True  # a resumed run appends to its own results
+
+    def validate(self) -> None:
         """Check every value where it enters: each error names its flag and what to pass."""
-        if self.env_id is not None and not ENV_ID_RE.match(self.env_id):
+        if not isinstance(self.env_args, dict) or not isinstance(self.sampling_args, dict):
+            raise ConfigError("-a/--env-args and -S/--sampling-args must be JSON objects")
+        if self.env_id is not None and not (
+            isinstance(self.env_id, str) and ENV_ID_RE.match(self.env_id)
+        ):
             raise ConfigError(
                 f"ENV_ID: {self.env_id!r} is not an environment id; ids are letters, digits, "
                 "'-' and '_' (e.g. reverse-text), the name of an installed environment package"
@@ -79,10 +88,9 @@ class EvalConfig:
         check_sampling_args(self.sampling_args, "-S/--sampling-args")
         if self.api_base_url is not None:
             self.api_base_url = check_base_url(self.api_base_url, "-b/--api-base-url")
+        self.output_dir = Path(self.output_dir)
         if self.output_dir.exists() and not self.output_dir.is_dir():
             raise ConfigError(f"-o/--output-dir: {self.output_dir} is a file; pass a folder")
-        if self.resume is not None:
-            self.save_results = True  # a resumed run appends to its own results
 
 
 def _range_text(minimum: float, maximum: float | None, also: tuple, inclusive: bool) -> str:

@@ -195,14 +195,17 @@ def read_metadata(run_dir: Path) -> dict[str, Any]:
     """metadata.json of an earlier run (for --resume); errors say what to pass instead."""
     path = run_dir / METADATA_FILE
     try:
-        return json.loads(path.read_text())
+        meta = json.loads(path.read_text())
     except FileNotFoundError:
         raise ConfigError(
             f"--resume: {run_dir} has no {METADATA_FILE}; pass the run folder that vf-eval "
             "printed (outputs/evals/<env>--<model>/<run id>)"
         ) from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"--resume: {path} is not valid JSON ({exc.msg})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--resume: {path} is not valid JSON ({exc})") from None
+    if not isinstance(meta, dict):
+        raise ConfigError(f"--resume: {path} is not a JSON object; was it written by vf-eval?")
+    return meta
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:

@@ -69,4 +69,8 @@ def apply_resumed_settings(cfg: EvalConfig) -> Path:
         cfg.state_columns = list(meta.get("state_columns") or [])
     if cfg.api_base_url is None and meta.get("endpoint_source") == "flag":
         cfg.api_base_url = _recorded_base_url(meta, run_dir)
+    try:
+        cfg.validate()  # what came from metadata.json passes the same checks as the flags
+    except ConfigError as exc:
+        raise ConfigError(f"--resume: {run_dir / METADATA_FILE} holds a bad value: {exc}") from None
     return run_dir

@@ -39,6 +39,8 @@ def has_password(url: str) -> bool:
 
 def check_base_url(url: str, where: str) -> str:
     """`url` when it is an http(s) URL with a host; else a ConfigError naming `where`."""
+    if not isinstance(url, str):
+        raise ConfigError(f"{where}: expected a URL string, got {url!r}")
     shown = redact_url(url)
     try:
         parts = urlsplit(url.strip())
