@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -192,3 +193,18 @@ def test_update_phase_without_rollouts_says_what_to_run(tiny_model_path, tmp_pat
     cfg = _helpers().tiny_config(tiny_model_path, tmp_path, "http://127.0.0.1:9/v1")
     with pytest.raises(VfkitError, match="--phase rollout"):
         train(cfg, saved_batches=True)
+
+
+def test_a_second_trainer_on_the_same_run_is_refused_and_changes_nothing(
+    tiny_model_path, tmp_path
+) -> None:
+    from vfkit.runlock import RunLock, RunLockedError
+
+    h = _helpers()
+    cfg = h.tiny_config(tiny_model_path, tmp_path, "http://127.0.0.1:9/v1")
+    run_dir = tmp_path / cfg.run_name
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text('{"step": 1}\n')
+    with RunLock(run_dir), pytest.raises(RunLockedError, match=str(os.getpid())):
+        train(cfg, resume=True)  # another vf-train --resume holds the run
+    assert (run_dir / "metrics.jsonl").read_text() == '{"step": 1}\n'

@@ -10,6 +10,7 @@ the last complete rollouts file. This module wires the parts together; the algor
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from transformers import AutoTokenizer
 
 from vfkit.client.sampling import merge_sampling_args
 from vfkit.errors import VfkitError
+from vfkit.runlock import RunLock
 from vfkit.train.batches import SavedBatches
 from vfkit.train.checkpoint import find_checkpoint, policy_dirs
 from vfkit.train.config import RunConfig
@@ -42,12 +44,17 @@ def train(
 
     `saved_batches`: train on the rollouts files of an earlier `--phase rollout`, no server.
     """
-    stop, a = stop or StopFlag(), cfg.trainer.args
-    run = run_dir_of(cfg)
     # the same process group the Learner's Accelerator joins (cpu= as there, or CPU ranks
-    # would each think they are alone)
-    if PartialState(cpu=not torch.cuda.is_available()).is_main_process:
-        run = open_run_dir(cfg, resume=bool(resume))
+    # would each think they are alone); the main process alone writes, holding the run's lock
+    main = PartialState(cpu=not torch.cuda.is_available()).is_main_process
+    with RunLock(run_dir_of(cfg).root) if main else contextlib.nullcontext():
+        return _train(cfg, resume, stop or StopFlag(), saved_batches, main)
+
+
+def _train(
+    cfg: RunConfig, resume: str | bool | None, stop: StopFlag, saved_batches: bool, main: bool
+) -> Path:
+    run = open_run_dir(cfg, resume=bool(resume)) if main else run_dir_of(cfg)
     env, eval_env = load_envs(cfg)
     cfg, sampling = with_rollout_sampling(cfg, env)
     a, learner = cfg.trainer.args, Learner(cfg, run)
@@ -83,8 +90,12 @@ def train(
 
 def collect_rollouts(cfg: RunConfig, *, resume: bool = False, stop: StopFlag | None = None) -> Path:
     """Sample batches 1..max_steps with the base model into rollouts/step_N.jsonl."""
-    stop, a = stop or StopFlag(), cfg.trainer.args
-    run = open_run_dir(cfg, resume=resume)
+    with RunLock(run_dir_of(cfg).root):
+        return _collect_rollouts(cfg, resume, stop or StopFlag())
+
+
+def _collect_rollouts(cfg: RunConfig, resume: bool, stop: StopFlag) -> Path:
+    a, run = cfg.trainer.args, open_run_dir(cfg, resume=resume)
     done = 0
     while run.rollouts_file(done + 1).exists():
         done += 1
