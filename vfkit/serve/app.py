@@ -47,9 +47,22 @@ class Server:
         self.tokens = TokenText(self.tokenizer)
         self.created = int(time.time())
 
+    def base_names(self) -> set[str]:
+        """Every `model` value that means the base model."""
+        return {"", self.config.model_id, self.config.model, self.engine.model_path}
+
+    def check_adapter_name(self, name: str) -> None:
+        """400 when an adapter name would shadow the base model (requests could not reach it)."""
+        if name in self.base_names():
+            raise APIError(
+                400,
+                f"lora_name '{name}' is the base model's name; choose another lora_name.",
+                param="lora_name",
+            )
+
     def adapter_for(self, model: str | None) -> str | None:
         """None for the base model; the adapter name for a loaded adapter; else 404."""
-        if model in (None, "", self.config.model_id, self.config.model, self.engine.model_path):
+        if model is None or model in self.base_names():
             return None
         if self.engine.lora.has(model):
             return model
@@ -131,8 +144,12 @@ class Server:
                 "max_model_len": self.engine.max_model_len,
             }
         ]
+        prints = self.engine.lora.fingerprints()
         for name, path in self.engine.lora.paths().items():
-            data.append({**card, "id": name, "root": str(path), "parent": base})
+            data.append(
+                {**card, "id": name, "root": str(path), "parent": base,
+                 "fingerprint": prints.get(name)}
+            )  # fmt: skip
         return {"object": "list", "data": data}
 
 
@@ -208,18 +225,27 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
         return completion_response(req, model, prompts, groups, server.tokens)
 
     @app.post("/v1/load_lora_adapter")
-    async def load_lora(req: LoadLoraRequest) -> PlainTextResponse:
-        path, adapter_config = engine.lora.check_load(
-            req.lora_name, req.lora_path, req.load_inplace
+    async def load_lora(req: LoadLoraRequest) -> JSONResponse:
+        """vLLM answers plain text; a JSON body that says "Success" also carries the fingerprint
+        of the weights read, which the trainer compares with its own (vfkit.lora_fingerprint)."""
+        server.check_adapter_name(req.lora_name)
+        files = await asyncio.to_thread(
+            engine.lora.check_load, req.lora_name, req.lora_path, req.load_inplace
         )
-        future = engine.call(partial(engine.lora.apply_load, req.lora_name, path, adapter_config))
+        future = engine.call(partial(engine.lora.apply_load, req.lora_name, files))
         try:
             await asyncio.wrap_future(future)
+        except APIError:
+            raise
         except Exception as exc:
             raise APIError(
-                400, f"Loading adapter '{req.lora_name}' from {path} failed: {exc}"
+                400, f"Loading adapter '{req.lora_name}' from {files.path} failed: {exc}",
+                param="lora_path",
             ) from exc
-        return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' added successfully.")
+        message = f"Success: LoRA adapter '{req.lora_name}' added successfully."
+        return JSONResponse(
+            {"message": message, "lora_name": req.lora_name, "fingerprint": files.fingerprint}
+        )
 
     @app.post("/v1/unload_lora_adapter")
     async def unload_lora(req: UnloadLoraRequest) -> PlainTextResponse:
