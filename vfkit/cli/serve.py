@@ -50,6 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-queue", type=int, default=256, help="waiting sequences before 429")
     p.add_argument("--max-prefill-tokens", type=int, default=4096)
     p.add_argument("--threads", type=int, help="torch threads (default: all cores)")
+    p.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="render a request's own chat_template (jinja sandbox, time-bounded); default: 400",
+    )
     p.add_argument("--log-level", default="info")
     return p
 
@@ -71,6 +76,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         max_queue=args.max_queue,
         max_prefill_tokens=args.max_prefill_tokens,
         threads=args.threads,
+        trust_request_chat_template=args.trust_request_chat_template,
         log_level=args.log_level,
     )
 

@@ -22,12 +22,12 @@ from starlette.exceptions import HTTPException
 from vfkit.serve.config import ServeConfig
 from vfkit.serve.engine import Engine, Sequence
 from vfkit.serve.errors import APIError
+from vfkit.serve.prompts import chat_prompt_ids
 from vfkit.serve.protocol import (
     ChatRequest,
     CompletionRequest,
     LoadLoraRequest,
     UnloadLoraRequest,
-    chat_messages,
     completion_prompts,
     sampling_params,
 )
@@ -70,22 +70,10 @@ class Server:
             404, f"The model `{model}` does not exist.", param="model", code="model_not_found"
         )
 
-    def chat_prompt(self, req: ChatRequest) -> list[int]:
-        kwargs = dict(req.chat_template_kwargs or {})
-        try:
-            text = self.tokenizer.apply_chat_template(
-                chat_messages(req.messages),
-                tools=req.tools or None,
-                add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
-                continue_final_message=req.continue_final_message,
-                tokenize=False,
-                **kwargs,
-            )
-        except APIError:
-            raise
-        except Exception as exc:  # jinja errors, bad roles: the request is at fault
-            raise APIError(400, f"Cannot apply the chat template: {exc}", param="messages") from exc
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+    async def chat_prompt(self, req: ChatRequest) -> list[int]:
+        """The prompt's token ids, rendered and tokenized off the event loop."""
+        trust = self.config.trust_request_chat_template
+        return await asyncio.to_thread(chat_prompt_ids, self.tokenizer, req, trust_templates=trust)
 
     async def generate(
         self,
@@ -207,10 +195,11 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
     async def chat(req: ChatRequest, request: Request) -> dict[str, Any]:
         _no_stream(req)
         adapter = server.adapter_for(req.model)
-        prompt_ids = server.chat_prompt(req)
+        prompt_ids = await server.chat_prompt(req)
         params = sampling_params(req, len(prompt_ids), engine.max_model_len)
         (seqs,) = await server.generate(request, [(prompt_ids, params)], req.n, adapter)
-        return chat_response(req, req.model or config.model_id, prompt_ids, seqs, server.tokens)
+        model = req.model or config.model_id
+        return await asyncio.to_thread(chat_response, req, model, prompt_ids, seqs, server.tokens)
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request) -> dict[str, Any]:
@@ -218,11 +207,13 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
         if req.echo:
             raise APIError(400, "echo=true is not supported by the embedded server.", param="echo")
         adapter = server.adapter_for(req.model)
-        prompts = completion_prompts(req, server.tokenizer)
+        prompts = await asyncio.to_thread(completion_prompts, req, server.tokenizer)
         jobs = [(p, sampling_params(req, len(p), engine.max_model_len)) for p in prompts]
         groups = await server.generate(request, jobs, req.n, adapter)
         model = req.model or config.model_id
-        return completion_response(req, model, prompts, groups, server.tokens)
+        return await asyncio.to_thread(
+            completion_response, req, model, prompts, groups, server.tokens
+        )
 
     @app.post("/v1/load_lora_adapter")
     async def load_lora(req: LoadLoraRequest) -> JSONResponse:

@@ -29,6 +29,7 @@ class ServeConfig:
     max_queue: int = 256  # waiting sequences before 429
     max_prefill_tokens: int = 4096  # padded prompt tokens prefilled in one forward
     threads: int | None = None  # torch threads; default: all cores
+    trust_request_chat_template: bool = False  # run a request's own chat_template (sandboxed)
     log_level: str = "info"
 
     @property

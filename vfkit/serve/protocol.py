@@ -48,6 +48,7 @@ class ChatRequest(_SamplingRequest):
     tool_choice: str | dict[str, Any] | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    chat_template: str | None = None  # refused unless --trust-request-chat-template
     chat_template_kwargs: dict[str, Any] | None = None
 
     def logprobs_count(self) -> int | None:
