@@ -14,7 +14,8 @@ import threading
 import time
 
 from vfkit.errors import VfkitError
-from vfkit.serve.config import ServeConfig
+from vfkit.serve.config import DTYPES, LOG_LEVELS, ServeConfig
+from vfkit.serve.limits import DEFAULT_MAX_REQUEST_BYTES
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--enable-lora", action="store_true", help="accepted for vLLM parity (always on)"
     )
-    p.add_argument("--dtype", default="auto", help="auto | bfloat16 | float16 | float32")
+    p.add_argument("--dtype", default="auto", choices=DTYPES)
     p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
     p.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
     p.add_argument("--max-num-seqs", type=int, default=32, help="sequences decoded together")
@@ -55,7 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="render a request's own chat_template (jinja sandbox, time-bounded); default: 400",
     )
-    p.add_argument("--log-level", default="info")
+    p.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=DEFAULT_MAX_REQUEST_BYTES,
+        help="larger request bodies get HTTP 413 (default: 10 MiB)",
+    )
+    p.add_argument("--log-level", default="info", type=str.lower, choices=LOG_LEVELS)
     return p
 
 
@@ -77,18 +84,24 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         max_prefill_tokens=args.max_prefill_tokens,
         threads=args.threads,
         trust_request_chat_template=args.trust_request_chat_template,
+        max_request_bytes=args.max_request_bytes,
         log_level=args.log_level,
     )
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:
+        parser.error(str(exc))  # usage + "vf-serve: error: --max-num-seqs must be ...", exit 2
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     _exit_with_parent()
     from vfkit.serve.runner import serve_forever
 
     try:
-        serve_forever(config_from_args(args))
+        serve_forever(config)
     except (VfkitError, ValueError, OSError) as exc:
         print(f"vf-serve: error: {exc}", file=sys.stderr)
         return 1

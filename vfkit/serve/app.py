@@ -22,13 +22,13 @@ from starlette.exceptions import HTTPException
 from vfkit.serve.config import ServeConfig
 from vfkit.serve.engine import Engine, Sequence
 from vfkit.serve.errors import APIError
-from vfkit.serve.prompts import chat_prompt_ids
+from vfkit.serve.limits import BodyLimit, refuse_unsupported
+from vfkit.serve.prompts import chat_prompt_ids, completion_prompts
 from vfkit.serve.protocol import (
     ChatRequest,
     CompletionRequest,
     LoadLoraRequest,
     UnloadLoraRequest,
-    completion_prompts,
     sampling_params,
 )
 from vfkit.serve.responses import TokenText, chat_response, completion_response
@@ -73,7 +73,9 @@ class Server:
     async def chat_prompt(self, req: ChatRequest) -> list[int]:
         """The prompt's token ids, rendered and tokenized off the event loop."""
         trust = self.config.trust_request_chat_template
-        return await asyncio.to_thread(chat_prompt_ids, self.tokenizer, req, trust_templates=trust)
+        return await asyncio.to_thread(
+            chat_prompt_ids, self.tokenizer, req, self.engine.max_model_len, trust_templates=trust
+        )
 
     async def generate(
         self,
@@ -118,7 +120,8 @@ class Server:
     def _generator(self, seed: int | None, index: int) -> torch.Generator | None:
         if seed is None:
             return None
-        return torch.Generator(device=self.engine.device).manual_seed(seed + index)
+        # wrapped into torch's 64-bit seed range (seed is validated as a signed 64-bit int)
+        return torch.Generator(device=self.engine.device).manual_seed((seed + index) % 2**64)
 
     def models(self) -> dict[str, Any]:
         base = self.config.model_id
@@ -174,6 +177,7 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
     server = Server(engine, config)
     app.state.server = server
     _install_errors_and_auth(app, config.api_key)
+    app.add_middleware(BodyLimit, max_bytes=config.max_request_bytes)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -194,6 +198,7 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest, request: Request) -> dict[str, Any]:
         _no_stream(req)
+        refuse_unsupported(req.model_extra or {})
         adapter = server.adapter_for(req.model)
         prompt_ids = await server.chat_prompt(req)
         params = sampling_params(req, len(prompt_ids), engine.max_model_len)
@@ -204,10 +209,13 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request) -> dict[str, Any]:
         _no_stream(req)
+        refuse_unsupported(req.model_extra or {})
         if req.echo:
             raise APIError(400, "echo=true is not supported by the embedded server.", param="echo")
         adapter = server.adapter_for(req.model)
-        prompts = await asyncio.to_thread(completion_prompts, req, server.tokenizer)
+        prompts = await asyncio.to_thread(
+            completion_prompts, req, server.tokenizer, engine.max_model_len
+        )
         jobs = [(p, sampling_params(req, len(p), engine.max_model_len)) for p in prompts]
         groups = await server.generate(request, jobs, req.n, adapter)
         model = req.model or config.model_id
