@@ -1,4 +1,4 @@
-"""`vf-serve MODEL`: the embedded OpenAI-compatible server with runtime LoRA, in the foreground.
+"""`vf-serve MODEL` (or `--model MODEL`): the embedded OpenAI-compatible server, in the foreground.
 
 vf-serve HuggingFaceTB/SmolLM2-135M-Instruct --port 8000 --allowed-adapter-dir outputs/
 """
@@ -23,7 +23,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="vf-serve",
         description="Serve a model over vLLM's OpenAI-compatible protocol, with runtime LoRA.",
     )
-    p.add_argument("model", help="HF model id or local folder")
+    p.add_argument("model", nargs="?", help="HF model id or local folder")
+    p.add_argument(
+        "--model", dest="model_flag", metavar="MODEL", help="the same as MODEL (vLLM accepts both)"
+    )
     p.add_argument("--served-model-name", help="model id clients send (default: MODEL)")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback)")
     p.add_argument("--port", type=int, default=8000)
@@ -67,8 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> ServeConfig:
+    """The config the flags describe; ValueError naming the flag for a value that cannot work."""
+    if args.model and args.model_flag and args.model != args.model_flag:
+        raise ValueError(f"two models given: {args.model!r} and --model {args.model_flag!r}")
+    model = args.model or args.model_flag
+    if not model:
+        raise ValueError("no model given: vf-serve MODEL or vf-serve --model MODEL")
     return ServeConfig(
-        model=args.model,
+        model=model,
         served_model_name=args.served_model_name,
         host=args.host,
         port=args.port,

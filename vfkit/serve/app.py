@@ -10,6 +10,7 @@ import asyncio
 import dataclasses
 import secrets
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -33,6 +34,7 @@ from vfkit.serve.protocol import (
 )
 from vfkit.serve.responses import TokenText, chat_response, completion_response
 from vfkit.serve.sampling import SamplingParams
+from vfkit.serve.streaming import start_stream
 
 _DISCONNECT_POLL_S = 1.0
 
@@ -77,14 +79,14 @@ class Server:
             chat_prompt_ids, self.tokenizer, req, self.engine.max_model_len, trust_templates=trust
         )
 
-    async def generate(
+    def submit(
         self,
-        request: Request,
         prompts: list[tuple[list[int], SamplingParams]],
         n: int,
         adapter: str | None,
-    ) -> list[list[Sequence]]:
-        """Run n sequences per (prompt, params) to completion; abort if the client goes away."""
+        on_token: Callable[..., None] | None = None,
+    ) -> tuple[list[list[Sequence]], list[asyncio.Future]]:
+        """Queue n sequences per (prompt, params); each future resolves when its one is done."""
         if not self.engine.alive:
             raise APIError(503, "The generation worker is not running; see the server log.")
         loop = asyncio.get_running_loop()
@@ -100,18 +102,28 @@ class Server:
                         params,
                         adapter,
                         on_done=partial(_resolve_soon, loop, future),
+                        on_token=on_token,
                         generator=self._generator(params.seed, j),
                     )
                 )
             groups.append(group)
+        self.engine.submit([s for g in groups for s in g])
+        return groups, futures
+
+    async def generate(
+        self,
+        request: Request,
+        prompts: list[tuple[list[int], SamplingParams]],
+        n: int,
+        adapter: str | None,
+    ) -> list[list[Sequence]]:
+        """Run n sequences per (prompt, params) to completion; abort if the client goes away."""
+        groups, futures = self.submit(prompts, n, adapter)
         seqs = [s for g in groups for s in g]
-        self.engine.submit(seqs)
         try:
             await _wait_unless_disconnected(asyncio.gather(*futures), request)
         finally:
-            for seq in seqs:
-                if seq.finish_reason is None:
-                    seq.aborted = True
+            abort(seqs)
         errors = [s.error for s in seqs if s.error is not None]
         if errors:
             raise APIError(500, f"Generation failed: {errors[0]!r}")
@@ -142,6 +154,13 @@ class Server:
                  "fingerprint": prints.get(name)}
             )  # fmt: skip
         return {"object": "list", "data": data}
+
+
+def abort(seqs: list[Sequence]) -> None:
+    """Let the engine drop the unfinished ones (their client is gone or the answer failed)."""
+    for seq in seqs:
+        if seq.finish_reason is None:
+            seq.aborted = True
 
 
 def _resolve_soon(loop: asyncio.AbstractEventLoop, future: asyncio.Future, seq: Sequence) -> None:
@@ -196,19 +215,19 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
         return server.models()
 
     @app.post("/v1/chat/completions")
-    async def chat(req: ChatRequest, request: Request) -> dict[str, Any]:
-        _no_stream(req)
+    async def chat(req: ChatRequest, request: Request) -> Any:
         refuse_unsupported(req.model_extra or {})
         adapter = server.adapter_for(req.model)
         prompt_ids = await server.chat_prompt(req)
         params = sampling_params(req, len(prompt_ids), engine.max_model_len)
-        (seqs,) = await server.generate(request, [(prompt_ids, params)], req.n, adapter)
         model = req.model or config.model_id
+        if req.stream:
+            return start_stream(server, req, model, [(prompt_ids, params)], adapter)
+        (seqs,) = await server.generate(request, [(prompt_ids, params)], req.n, adapter)
         return await asyncio.to_thread(chat_response, req, model, prompt_ids, seqs, server.tokens)
 
     @app.post("/v1/completions")
-    async def completions(req: CompletionRequest, request: Request) -> dict[str, Any]:
-        _no_stream(req)
+    async def completions(req: CompletionRequest, request: Request) -> Any:
         refuse_unsupported(req.model_extra or {})
         if req.echo:
             raise APIError(400, "echo=true is not supported by the embedded server.", param="echo")
@@ -217,8 +236,10 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
             completion_prompts, req, server.tokenizer, engine.max_model_len
         )
         jobs = [(p, sampling_params(req, len(p), engine.max_model_len)) for p in prompts]
-        groups = await server.generate(request, jobs, req.n, adapter)
         model = req.model or config.model_id
+        if req.stream:
+            return start_stream(server, req, model, jobs, adapter)
+        groups = await server.generate(request, jobs, req.n, adapter)
         return await asyncio.to_thread(
             completion_response, req, model, prompts, groups, server.tokens
         )
@@ -253,11 +274,6 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
         return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' removed successfully.")
 
     return app
-
-
-def _no_stream(req: ChatRequest | CompletionRequest) -> None:
-    if req.stream:
-        raise APIError(400, "stream=true is not supported by the embedded server.", param="stream")
 
 
 def _install_errors_and_auth(app: FastAPI, api_key: str | None) -> None:

@@ -37,6 +37,7 @@ class _SamplingRequest(BaseModel):
     return_token_ids: bool = False
     return_tokens_as_token_ids: bool = False
     stream: bool = False
+    stream_options: dict[str, Any] | None = None  # {"include_usage": bool}
 
 
 class ChatRequest(_SamplingRequest):
