@@ -53,6 +53,8 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
+from vfkit.lora_fingerprint import ADAPTER_WEIGHTS, fingerprint_dir
+
 TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
 
@@ -136,6 +138,7 @@ class TestServer:
         self.api_key = api_key
         self.requests: list[dict[str, Any]] = []
         self.adapters: dict[str, str] = {}
+        self.fingerprints: dict[str, str | None] = {}
         self.lora_requests: list[tuple[str, dict[str, Any]]] = []
         self._script_pos = 0
         self._failures: list[tuple[int, float | None, str | None]] = []
@@ -381,7 +384,11 @@ class TestServer:
         if not Path(path).exists():
             return _error(404, f"No adapter found at {path}")
         self.adapters[name] = path
-        return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
+        weights = Path(path) / ADAPTER_WEIGHTS
+        self.fingerprints[name] = fingerprint_dir(Path(path)) if weights.is_file() else None
+        message = f"Success: LoRA adapter '{name}' added successfully."
+        return JSONResponse({"message": message, "lora_name": name,
+                             "fingerprint": self.fingerprints[name]})
 
     def _unload_lora(self, body: dict[str, Any]) -> PlainTextResponse | JSONResponse:
         name = body.get("lora_name")
@@ -395,7 +402,8 @@ class TestServer:
         base = {"id": self.model, "object": "model", "owned_by": "vfkit", "root": self.model,
                 "parent": None, "max_model_len": self.max_context}
         loras = [{"id": n, "object": "model", "owned_by": "vfkit", "root": p,
-                  "parent": self.model} for n, p in self.adapters.items()]
+                  "parent": self.model, "fingerprint": self.fingerprints.get(n)}
+                 for n, p in self.adapters.items()]
         return {"object": "list", "data": [base, *loras]}
 
     def _build_app(self) -> FastAPI:
