@@ -32,6 +32,7 @@ from vfkit.client.chat_call import (
     response_message,
     response_text,
 )
+from vfkit.client.limits import SequenceLimits
 from vfkit.client.sampling import merge_sampling_args
 from vfkit.client.tokens import parse_tokens
 from vfkit.envs.async_utils import error_text, maybe_await, run_sync
@@ -175,12 +176,13 @@ class Environment:
     ) -> dict[str, Any] | None:
         """Call the model once; None (state marked prompt_too_long) when the context is full."""
         args = prepare_sampling_args(sampling_args, self.message_type)
-        known = self.known_prompt_len(state)
-        if self.max_seq_len is not None and known is not None:
-            if known >= self.max_seq_len:
+        known, limits = self.known_prompt_len(state), SequenceLimits(self.max_seq_len)
+        budget = None if known is None else limits.completion_budget(known)
+        if budget is not None:
+            if budget <= 0:
                 self.mark_prompt_too_long(state)
                 return None
-            args = cap_max_tokens(args, self.max_seq_len - known)
+            args = cap_max_tokens(args, budget)
         try:
             return await call_model(client, model, prompt, args, tools=tools)
         except ContextOverflowError as e:

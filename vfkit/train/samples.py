@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vfkit.client.limits import SequenceLimits
 from vfkit.types import State
 
 
@@ -81,7 +82,7 @@ def build_samples(
         for sample in samples:
             if mask_truncated and sample.is_truncated:
                 counts.truncated_masked += 1
-            elif len(sample) > max_seq_len:
+            elif not SequenceLimits(max_seq_len).sequence_fits(len(sample)):
                 counts.too_long += 1
             elif sample.num_loss_tokens:
                 out.append(sample)
