@@ -218,3 +218,14 @@ def test_reasoning_gym_missing_is_a_clear_error(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "reasoning_gym", None)  # import fails as if not installed
     with pytest.raises(ConfigError, match="pip install reasoning-gym"):
         vf.ReasoningGymEnv("leg_counting", num_train_examples=1, num_eval_examples=1)
+
+
+def test_vfkit_fixes_kept_format_reward_and_json_info_tools() -> None:
+    parser = vf.XMLParser(["think", "answer"])
+    reward = parser.get_format_reward_func()
+    mismatched = [{"role": "assistant", "content": "<think>x</answer><answer>4</think>"}]
+    good = [{"role": "assistant", "content": "<think>x</think><answer>4</answer>"}]
+    assert reward(completion=mismatched) == 0.0 and reward(completion=good) == 1.0
+    env = vf.SingleTurnEnv(dataset=[{"question": "q", "answer": "a"}])
+    state = {"info": {"oai_tools": json.dumps([tool_schema("from_json")])}}
+    assert [t["function"]["name"] for t in env.tools_for(state)] == ["from_json"]
