@@ -229,3 +229,19 @@ def test_vfkit_fixes_kept_format_reward_and_json_info_tools() -> None:
     env = vf.SingleTurnEnv(dataset=[{"question": "q", "answer": "a"}])
     state = {"info": {"oai_tools": json.dumps([tool_schema("from_json")])}}
     assert [t["function"]["name"] for t in env.tools_for(state)] == ["from_json"]
+
+
+def test_classic_arguments_vfkit_cannot_honour_are_refused_by_name() -> None:
+    with pytest.raises(ConfigError, match=r"tool_defs= is not supported.*oai_tools"):
+        qa_env(tool_defs=[tool_schema("t")])
+    with pytest.raises(ConfigError, match="pass_threshold="):
+        qa_env(pass_threshold=0.5)
+
+
+def test_score_rollouts_false_skips_the_rubric() -> None:
+    env = qa_env(n=1, score_rollouts=False)
+    with TestServer("yes") as srv:
+        out = env.evaluate_sync(srv.client(), "m", {"max_tokens": 8})
+        scored = env.evaluate_sync(srv.client(), "m", {"max_tokens": 8}, score_rollouts=True)
+    assert out.states[0]["reward"] is None and out.reward == [0.0]
+    assert scored.reward == [1.0]  # the call's argument wins over the constructor's

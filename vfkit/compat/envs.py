@@ -43,15 +43,23 @@ from vfkit.envs import stateful_tool_env as _stool
 from vfkit.envs import tool_env as _tool
 from vfkit.envs.async_utils import error_text, maybe_await, run_sync
 from vfkit.envs.multiturn_env import stop as _vfkit_stop
+from vfkit.errors import ConfigError
 from vfkit.evaluation.results import state_to_row
 from vfkit.types import State, StopCondition
 
 logger = logging.getLogger(__name__)
 
-# classic constructor arguments that tune machinery vfkit does not have
+# classic constructor arguments that tune machinery vfkit does not have (a warning names them)
 NO_EFFECT_ARGS = {
     "max_workers": "sync tools and hooks run in asyncio's default thread pool",
     "map_kwargs": "datasets are formatted in-process with Dataset.map defaults",
+    "interleaved_rollouts": "vf-train decides per rollout whether its turns extend each other "
+                            "(state['trajectory_extends'])",
+}
+# classic arguments whose meaning vfkit cannot honour: refused, with what to do instead
+REFUSED_ARGS = {
+    "tool_defs": "pass OpenAI tool schemas as oai_tools=[...] or functions as ToolEnv(tools=...)",
+    "pass_threshold": "vfkit computes no pass@k metrics; compute them from the saved rewards",
 }
 
 
@@ -75,13 +83,19 @@ def _parse_tools(value: Any) -> list[dict[str, Any]] | None:
 class Environment(_env.Environment):
     """vfkit's Environment with classic 0.1.x constructor arguments and generate/evaluate."""
 
-    def __init__(self, oai_tools: list[dict[str, Any]] | None = None, **kwargs: Any) -> None:
+    def __init__(self, oai_tools: list[dict[str, Any]] | None = None,
+                 score_rollouts: bool = True, **kwargs: Any) -> None:
+        for name, what in REFUSED_ARGS.items():
+            if name in kwargs:
+                raise ConfigError(f"{type(self).__name__}: the classic argument {name}= is not "
+                                  f"supported by vfkit: {what}")
         for name, why in NO_EFFECT_ARGS.items():
             if name in kwargs:
                 value = kwargs.pop(name)
                 logger.warning("%s=%r has no effect in vfkit: %s", name, value, why)
         super().__init__(**kwargs)
         self.classic_oai_tools = list(oai_tools) if oai_tools else None
+        self.score_rollouts = score_rollouts
         if marked_methods(self, "teardown"):
             atexit.register(run_teardown, self)
 
@@ -94,11 +108,17 @@ class Environment(_env.Environment):
         found = parent(state) if parent is not None else None
         return found or self.classic_oai_tools
 
+    async def run_group(self, *args: Any, score: bool | None = None,
+                        **kwargs: Any) -> list[State]:
+        """vfkit's run_group; unscored (reward 0) when built with score_rollouts=False."""
+        score = self.score_rollouts if score is None else score
+        return await super().run_group(*args, score=score, **kwargs)
+
     # ----- classic generate / evaluate -----
     async def generate(  # type: ignore[override]  # superset of vfkit's signature
         self, inputs: Dataset | Sequence[dict[str, Any]], client: Any, model: str,
         sampling_args: dict[str, Any] | None = None, *, rollouts_per_example: int | None = None,
-        score_rollouts: bool = True, max_concurrent: int = -1,
+        score_rollouts: bool | None = None, max_concurrent: int = -1,
         max_concurrent_generation: int | None = None, max_concurrent_scoring: int | None = None,
         results_path: str | Path | None = None, state_columns: list[str] | None = None,
         save_results: bool = False, save_every: int = -1, use_tqdm: bool = False,
