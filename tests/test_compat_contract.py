@@ -81,3 +81,9 @@ def test_underscore_names_of_the_2026_contract() -> None:
     assert [row["question"] for row in inputs] == ["q0", "q1"] * 3
     group = vf.RubricGroup([vf.Rubric(funcs=[exact])])
     assert group._get_reward_func_names() == ["exact"]
+
+
+async def test_env_server_mode_is_refused_by_name() -> None:
+    env = make_env()
+    with pytest.raises(ConfigError, match="env_client"):
+        await env.run_group([env.get_dataset()[0]], ClientConfig(), "m", env_client=object())

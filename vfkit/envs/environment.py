@@ -301,7 +301,7 @@ class Environment:
         sampling_args: SamplingArgs | None = None, *, score: bool = True,
         max_retries: int | None = None, gen_sem: asyncio.Semaphore | None = None,
         score_sem: asyncio.Semaphore | None = None, gen_sampling_args: SamplingArgs | None = None,
-        state_columns: list[str] | None = None,
+        state_columns: list[str] | None = None, env_client: Any = None,
     ) -> list[State]:
         """Run a group's rollouts concurrently, then score them together (group-level rewards).
 
@@ -309,8 +309,12 @@ class Environment:
         other verifiers versions: `client` may be a ClientConfig-shaped object (the AsyncOpenAI
         is built from it), `gen_sampling_args` is taken as `sampling_args`, each state records
         the `sampling_args` it ran with, and every key in `state_columns` is present in each
-        returned (full) state.
+        returned (full) state. Their `env_client` (a remote env server) must be None: vfkit
+        runs rollouts in this process.
         """
+        if env_client is not None:
+            raise ConfigError("run_group(env_client=...): vfkit runs rollouts in-process and "
+                              "has no env-server mode; pass env_client=None")
         if gen_sem is None and self.max_concurrent > 0:
             gen_sem = asyncio.Semaphore(self.max_concurrent)
         sampling_args = sampling_args if sampling_args is not None else gen_sampling_args
