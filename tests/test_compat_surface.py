@@ -245,3 +245,25 @@ def test_score_rollouts_false_skips_the_rubric() -> None:
         scored = env.evaluate_sync(srv.client(), "m", {"max_tokens": 8}, score_rollouts=True)
     assert out.states[0]["reward"] is None and out.reward == [0.0]
     assert scored.reward == [1.0]  # the call's argument wins over the constructor's
+
+
+LAZY_CLASSIC = '''
+import verifiers as vf
+
+def load_environment(**kwargs):
+    from verifiers.utils.data_utils import extract_hash_answer  # imported when building
+    rows = [{"question": "q", "answer": extract_hash_answer("work #### 4")}]
+    return vf.SingleTurnEnv(dataset=rows, **kwargs)
+'''
+
+
+def test_imports_inside_load_environment_see_the_classic_surface(tmp_path, monkeypatch) -> None:
+    (tmp_path / "lazy_classic.py").write_text(LAZY_CLASSIC)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        for _ in range(2):  # the second load finds the module already imported
+            env = vfkit.load_environment("lazy-classic")
+            assert env.get_dataset()[0]["answer"] == "4" and env.env_id == "lazy-classic"
+    finally:
+        sys.modules.pop("lazy_classic", None)
+    assert "verifiers" not in sys.modules

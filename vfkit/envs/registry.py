@@ -15,10 +15,12 @@ from __future__ import annotations
 import contextlib
 import importlib
 import sys
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from vfkit.compat.importer import classic_verifiers, is_stand_in, missing_verifiers
 from vfkit.errors import ConfigError, EnvironmentNotFoundError
 
 ENTRY_POINT_GROUP = "vfkit.environments"
@@ -53,34 +55,33 @@ def _not_found(env_id: str, cause: str) -> EnvironmentNotFoundError:
     )
 
 
-def _import(env_id: str, module_name: str) -> Any:
-    """Import the environment's module; a classic one (`import verifiers`) via vfkit.compat."""
-    from vfkit.compat.importer import classic_verifiers, missing_verifiers
-
+def _classic_fallback(load: Callable[[], Any]) -> Any:
+    """`load()`; when it fails only because verifiers is not installed, again with vfkit's
+    classic surface importable as `verifiers` (a module written for verifiers 0.1.x)."""
     try:
-        return importlib.import_module(module_name)
+        return load()
+    except ModuleNotFoundError as e:
+        if not missing_verifiers(e):
+            raise
+    with classic_verifiers():
+        return load()
+
+
+def _import(env_id: str, module_name: str) -> Any:
+    """Import the environment's module (EnvironmentNotFoundError when there is none)."""
+    try:
+        return _classic_fallback(lambda: importlib.import_module(module_name))
     except ModuleNotFoundError as e:
         if e.name and module_name.split(".")[0] == e.name.split(".")[0]:
             raise _not_found(env_id, f"no module named {module_name!r}") from e
-        if not missing_verifiers(e):
-            raise  # the environment exists but one of its own imports is missing
-    with classic_verifiers():  # written for classic verifiers, which is not installed
-        return importlib.import_module(module_name)
+        raise  # the environment exists but one of its own imports is missing
 
 
 def _loader(env_id: str) -> Any:
     """The load_environment function of `env_id` (entry point first, then module import)."""
-    from vfkit.compat.importer import classic_verifiers, missing_verifiers
-
     ep = _entry_points().get(env_id) or _entry_points().get(env_id.replace("_", "-"))
     if ep is not None:
-        try:
-            target = ep.load()
-        except ModuleNotFoundError as e:
-            if not missing_verifiers(e):
-                raise
-            with classic_verifiers():
-                target = ep.load()
+        target = _classic_fallback(ep.load)
         return target if callable(target) else getattr(target, "load_environment", None)
     module = _import(env_id, env_id.replace("-", "_"))
     return getattr(module, "load_environment", None)
@@ -88,8 +89,6 @@ def _loader(env_id: str) -> Any:
 
 def _is_classic(loader: Any) -> bool:
     """True when `loader`'s module imported vfkit's classic surface as `verifiers`."""
-    from vfkit.compat.importer import is_stand_in
-
     module = sys.modules.get(getattr(loader, "__module__", "") or "")
     if module is None:
         return False
@@ -104,8 +103,6 @@ def load_environment(env_id: str, **kwargs: Any) -> Any:
     verifiers is not installed; when it is, the module gets the real one, and an environment
     built with it is refused (vfkit's engine cannot run it).
     """
-    from vfkit.compat.importer import classic_verifiers
-
     loader = _loader(env_id)
     if not callable(loader):
         raise _not_found(env_id, "its module has no load_environment() function")
