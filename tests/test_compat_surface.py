@@ -267,3 +267,38 @@ def test_imports_inside_load_environment_see_the_classic_surface(tmp_path, monke
     finally:
         sys.modules.pop("lazy_classic", None)
     assert "verifiers" not in sys.modules
+
+
+def lookup(key: str, table: str) -> str:
+    """Look a key up.
+
+    Args:
+        key: The key.
+        table: Which table (filled in by the environment).
+    """
+    return f"{table}:{key}"
+
+
+class ClassicStateful(vf.StatefulToolEnv):
+    """0.1.8 style: hidden args via update_tool_args, tool message built by call_tool."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.add_tool(lookup, args_to_skip=["table"])
+
+    def update_tool_args(self, tool_name, tool_args, messages, state, **kwargs):
+        return {**tool_args, "table": state["info"]["table"]}
+
+    async def call_tool(self, tool_name, tool_args, tool_call_id, **kwargs):
+        result = self.tool_map[tool_name](**tool_args)
+        return {"role": "tool", "content": result.upper(), "tool_call_id": tool_call_id}
+
+
+def test_classic_call_tool_and_update_tool_args_overrides() -> None:
+    env = ClassicStateful(dataset=[{"question": "q", "answer": "a", "info": {"table": "t1"}}])
+    schema = env.oai_tools[0]["function"]["parameters"]["properties"]
+    assert list(schema) == ["key"]  # the hidden argument is not shown to the model
+    calls = [{"name": "lookup", "arguments": {"key": "k", "table": "spoofed"}}]
+    with TestServer([Reply(tool_calls=calls), "done"]) as srv:
+        state = env.evaluate_sync(srv.client(), "m", {"max_tokens": 200}).states[0]
+    assert state["completion"][1]["content"] == "T1:K"  # the model's "table" was replaced

@@ -2,14 +2,15 @@
 
 Each class here is the vfkit class plus what 0.1.x code expects of it:
 
-- constructor arguments of 0.1.x: `oai_tools` (sent with every model call), `error_formatter`
-  (ToolEnv), `max_workers` / `map_kwargs` (accepted; they tune classic's thread pool and
-  `Dataset.map`, which vfkit does not use: a warning says so); any other keyword becomes an
-  attribute, as in classic;
+- constructor arguments of 0.1.x: `oai_tools` (sent with every model call), `score_rollouts`;
+  `max_workers` / `map_kwargs` / `interleaved_rollouts` are accepted with a warning (they tune
+  machinery vfkit does not have); `tool_defs` / `pass_threshold` are refused by name; any other
+  keyword becomes an attribute, as in classic;
 - `MultiTurnEnv(max_turns=-1)`: no turn limit by default; stop conditions checked in classic's
   order (priority, then name); an `is_completed(messages, state)` override (0.1.3-0.1.7 style)
   decides alone, after vfkit's context-full check;
 - per-example tools: `info["oai_tools"]` replaces the environment's tools for that row;
+- ToolEnv / StatefulToolEnv: see `vfkit.compat.tool_envs`;
 - classic generate / evaluate: `generate(inputs, ...)` groups rows by `example_id`,
   `evaluate` is async, `generate_sync` / `evaluate_sync` block, `score_rollouts`,
   `max_concurrent_generation`, `save_results` / `results_path` / `save_every`,
@@ -39,8 +40,6 @@ from vfkit.envs import env_group as _group
 from vfkit.envs import environment as _env
 from vfkit.envs import multiturn_env as _mt
 from vfkit.envs import singleturn_env as _st
-from vfkit.envs import stateful_tool_env as _stool
-from vfkit.envs import tool_env as _tool
 from vfkit.envs.async_utils import error_text, maybe_await, run_sync
 from vfkit.envs.multiturn_env import stop as _vfkit_stop
 from vfkit.errors import ConfigError
@@ -264,29 +263,6 @@ class MultiTurnEnv(Environment, _mt.MultiTurnEnv):
 
 class SingleTurnEnv(MultiTurnEnv, _st.SingleTurnEnv):
     """Classic SingleTurnEnv: one model call per rollout."""
-
-
-class ToolEnv(MultiTurnEnv, _tool.ToolEnv):
-    """Classic ToolEnv: `tools`, `max_turns=10`, optional `error_formatter(exception) -> str`."""
-
-    def __init__(self, tools: Sequence[Callable[..., Any]] | None = None, max_turns: int = 10,
-                 error_formatter: Callable[[Exception], str] | None = None,
-                 **kwargs: Any) -> None:
-        super().__init__(tools=tools, max_turns=max_turns, **kwargs)
-        self.error_formatter = error_formatter
-
-    @stop
-    async def no_tools_called(self, state: State) -> bool:
-        return _tool.ToolEnv.no_tools_called(self, state)
-
-    def format_error(self, name: str, error: Exception) -> str:
-        if self.error_formatter is not None:
-            return str(self.error_formatter(error))
-        return super().format_error(name, error)
-
-
-class StatefulToolEnv(ToolEnv, _stool.StatefulToolEnv):
-    """Classic StatefulToolEnv: tools with hidden arguments filled by `update_tool_args`."""
 
 
 class EnvGroup(Environment, _group.EnvGroup):

@@ -20,16 +20,9 @@ import logging
 import sys
 from typing import Any
 
-from vfkit.compat.envs import (
-    EnvGroup,
-    Environment,
-    MultiTurnEnv,
-    SingleTurnEnv,
-    StatefulToolEnv,
-    ToolEnv,
-    stop,
-)
+from vfkit.compat.envs import EnvGroup, Environment, MultiTurnEnv, SingleTurnEnv, stop
 from vfkit.compat.hooks import cleanup, teardown
+from vfkit.compat.tool_envs import StatefulToolEnv, ToolEnv
 from vfkit.compat.verifiers.types import (
     ChatMessage,
     GenerateOutputs,
