@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import weakref
 from typing import Any
 
 from openai import AsyncOpenAI
@@ -20,7 +21,9 @@ from openai import AsyncOpenAI
 from vfkit.errors import ConfigError
 
 SUPPORTED_CLIENT_TYPES = ("openai_chat_completions", "openai_completions")
-_clients: dict[tuple[Any, ...], AsyncOpenAI] = {}
+# one client per config and event loop (a client's connection pool belongs to its loop)
+_clients: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], AsyncOpenAI]] = (
+    weakref.WeakKeyDictionary())
 
 
 def is_client_config(client: Any) -> bool:
@@ -57,14 +60,15 @@ def resolve_client(client: Any) -> Any:
                                                               or {})}
     timeout = float(_field(client, "timeout", 600.0))
     retries = int(_field(client, "max_retries", 3))
-    try:  # a client's connection pool belongs to the event loop it was first used in
-        loop_id = id(asyncio.get_running_loop())
-    except RuntimeError:
-        loop_id = None
-    key = (loop_id, base_url, key_var, tuple(sorted(headers.items())), timeout, retries)
-    if key not in _clients:
-        _clients[key] = AsyncOpenAI(
+    try:
+        loop: Any = asyncio.get_running_loop()
+    except RuntimeError:  # built outside a loop: not cached
+        loop = None
+    clients = _clients.setdefault(loop, {}) if loop is not None else {}
+    key = (base_url, key_var, tuple(sorted(headers.items())), timeout, retries)
+    if key not in clients:
+        clients[key] = AsyncOpenAI(
             base_url=base_url, api_key=os.environ.get(key_var) or "EMPTY",
             default_headers=headers or None, timeout=timeout, max_retries=retries,
         )
-    return _clients[key]
+    return clients[key]
