@@ -302,3 +302,24 @@ def test_classic_call_tool_and_update_tool_args_overrides() -> None:
     with TestServer([Reply(tool_calls=calls), "done"]) as srv:
         state = env.evaluate_sync(srv.client(), "m", {"max_tokens": 200}).states[0]
     assert state["completion"][1]["content"] == "T1:K"  # the model's "table" was replaced
+
+
+def test_load_example_dataset_makes_the_real_hub_call_and_maps_rows(monkeypatch) -> None:
+    import datasets
+
+    asked = []
+
+    def hub(path, config=None):  # stands in for the hub only: what load_dataset would return
+        asked.append((path, config))
+        rows = [{"question": f"q{i}", "answer": f"work\n#### {i},000"} for i in range(5)]
+        return datasets.DatasetDict({"train": datasets.Dataset.from_list(rows)})
+
+    monkeypatch.setattr(datasets, "load_dataset", hub)
+    rows = vf.load_example_dataset("gsm8k", n=3, seed=1)
+    assert asked == [("openai/gsm8k", "main")]
+    assert len(rows) == 3 and rows.column_names == ["question", "answer"]
+    # answers keep what follows '####' (gsm8k's marker): q3 -> "3,000"
+    assert {r["question"]: r["answer"] for r in rows}.items() <= {
+        f"q{i}": f"{i},000" for i in range(5)}.items()
+    with pytest.raises(ConfigError, match="no split 'test'; available: \\['train'\\]"):
+        vf.load_example_dataset("gsm8k", split="test")
