@@ -19,8 +19,18 @@ import pytest
 from vfkit.testing.test_server import TestServer
 
 CLASSIC = Path(__file__).parent / "classic_envs"
-sys.path.insert(0, str(CLASSIC))
-from classic_responders import RESPONDERS  # noqa: E402  # the fixture folder is not a package
+
+
+def _responders() -> dict:
+    """classic_envs/classic_responders.py's RESPONDERS (the folder is not a package)."""
+    spec = importlib.util.spec_from_file_location("classic_responders",
+                                                  CLASSIC / "classic_responders.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.RESPONDERS
+
+
+RESPONDERS = _responders()
 
 ENV_IDS = sorted(RESPONDERS)
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("verifiers") is not None,
