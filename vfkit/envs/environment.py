@@ -15,6 +15,7 @@ reward 0, and the rest of its group and batch carry on.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -32,6 +33,7 @@ from vfkit.client.chat_call import (
     response_message,
     response_text,
 )
+from vfkit.client.client_config import resolve_client
 from vfkit.client.limits import SequenceLimits
 from vfkit.client.sampling import merge_sampling_args
 from vfkit.client.tokens import parse_tokens
@@ -294,30 +296,41 @@ class Environment:
         sampling_args: SamplingArgs | None = None, *, score: bool = True,
         max_retries: int | None = None, gen_sem: asyncio.Semaphore | None = None,
         score_sem: asyncio.Semaphore | None = None, gen_sampling_args: SamplingArgs | None = None,
-        state_columns: list[str] | None = None,
+        state_columns: list[str] | None = None, env_client: Any = None,
     ) -> list[State]:
         """Run a group's rollouts concurrently, then score them together (group-level rewards).
 
         `max_retries` overrides the environment's for this call. For callers written against
-        other verifiers versions, `gen_sampling_args` is taken as `sampling_args`, and
-        `state_columns` is accepted (full states are always returned).
+        other verifiers versions: `client` may be a ClientConfig-shaped object (the AsyncOpenAI
+        is built from it), `gen_sampling_args` is taken as `sampling_args`, each state records
+        the `sampling_args` it ran with, and every key in `state_columns` is present in each
+        returned (full) state. Their `env_client` (a remote env server) must be None: vfkit
+        runs rollouts in this process.
         """
+        if env_client is not None:
+            raise ConfigError("run_group(env_client=...): vfkit runs rollouts in-process and "
+                              "has no env-server mode; pass env_client=None")
         if gen_sem is None and self.max_concurrent > 0:
             gen_sem = asyncio.Semaphore(self.max_concurrent)
         sampling_args = sampling_args if sampling_args is not None else gen_sampling_args
-        client = self.wrap_client(client, max_retries)
+        client = self.wrap_client(resolve_client(client), max_retries)
         args = self.merge_sampling_args(sampling_args)
         states = list(await asyncio.gather(
             *(self._rollout_safely(inp, client, model, args, gen_sem) for inp in group_inputs)
         ))
         if score:
             await self.score_states(states, score_sem)
+        for state in states:
+            state["sampling_args"] = copy.deepcopy(args)
+            for column in state_columns or ():
+                state.setdefault(column, None)
         return states
 
     async def generate(
         self, inputs: Dataset | Sequence[dict[str, Any]], client: AsyncOpenAI, model: str,
         sampling_args: SamplingArgs | None = None, *, rollouts_per_example: int = 1,
         max_concurrent: int = -1, max_concurrent_scoring: int = -1, on_group: OnGroup | None = None,
+        state_columns: list[str] | None = None,
     ) -> GenerateOutputs:
         """Run `rollouts_per_example` rollouts per input as groups; states in input order.
 
@@ -334,8 +347,8 @@ class Environment:
 
         async def one_group(row: dict[str, Any]) -> list[State]:
             group = [dict(row) for _ in range(rollouts_per_example)]
-            states = await self.run_group(group, client, model, sampling_args,
-                                          gen_sem=gen_sem, score_sem=score_sem)
+            states = await self.run_group(group, client, model, sampling_args, gen_sem=gen_sem,
+                                          score_sem=score_sem, state_columns=state_columns)
             if on_group is not None:
                 await maybe_await(on_group(states))
             return states
@@ -347,6 +360,15 @@ class Environment:
             for task in tasks:
                 task.cancel()
         return GenerateOutputs(states=[s for g in groups for s in g])
+
+    def _get_eval_inputs(self, num_examples: int = -1,
+                         rollouts_per_example: int = 1) -> list[dict[str, Any]]:
+        """The eval rows, the whole list repeated `rollouts_per_example` times (2026-02 contract).
+
+        Callers that group by example_id (prime-rl, classic generate) regroup them.
+        """
+        rows = [dict(row) for row in self.get_eval_dataset(n=num_examples)]
+        return [dict(row) for _ in range(max(1, rollouts_per_example)) for row in rows]
 
     async def a_evaluate(
         self, client: AsyncOpenAI, model: str, sampling_args: SamplingArgs | None = None,

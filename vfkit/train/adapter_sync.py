@@ -17,11 +17,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import httpx2  # the HTTP stack the openai client is built on (an openai dependency)
+import openai
 
 from vfkit.errors import AdapterSyncError
 
 logger = logging.getLogger(__name__)
+
+# the HTTP stack the openai client is built on: httpx2 since openai 3, httpx before (same API)
+if int(openai.__version__.split(".")[0]) >= 3:
+    import httpx2 as openai_http
+else:
+    openai_http = httpx
 
 PROBE_MESSAGES = [{"role": "user", "content": "Write one short sentence about the sea."}]
 PROBE_TOKENS = 32  # enough tokens that one outlier cannot decide (the check uses the median)
@@ -174,7 +180,7 @@ class AdapterSync:
         logprobs = [entry["logprob"] for entry in choice["logprobs"]["content"]]
         return Probe(data["prompt_token_ids"], choice["token_ids"], logprobs)
 
-    def transport(self) -> httpx2.AsyncBaseTransport:
+    def transport(self) -> openai_http.AsyncBaseTransport:
         """An httpx transport for the generation client that re-loads lost adapters on 404."""
         return ReloadingTransport(self)
 
@@ -182,15 +188,15 @@ class AdapterSync:
         await self.http.aclose()
 
 
-class ReloadingTransport(httpx2.AsyncBaseTransport):
+class ReloadingTransport(openai_http.AsyncBaseTransport):
     """Generation requests whose adapter the server lost (404) re-load it and are sent again."""
 
     def __init__(self, sync: AdapterSync) -> None:
         # the openai client's own pool size (a transport given to it replaces its default one)
-        limits = httpx2.Limits(max_connections=1000, max_keepalive_connections=100)
-        self.sync, self.inner = sync, httpx2.AsyncHTTPTransport(limits=limits)
+        limits = openai_http.Limits(max_connections=1000, max_keepalive_connections=100)
+        self.sync, self.inner = sync, openai_http.AsyncHTTPTransport(limits=limits)
 
-    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+    async def handle_async_request(self, request: openai_http.Request) -> openai_http.Response:
         response = await self.inner.handle_async_request(request)
         if response.status_code != 404 or request.method != "POST":
             return response
