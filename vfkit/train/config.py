@@ -14,22 +14,41 @@ what each one changes). Load with `vfkit.train.config_loader.load_config`.
 from __future__ import annotations
 
 import math
+import urllib.parse
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_serializer,
+    field_validator,
+)
 
 LossType = Literal["grpo", "dr_grpo", "dapo", "cispo"]
 SchedulerName = Literal[
     "constant", "constant_with_warmup", "linear", "cosine", "cosine_with_restarts", "polynomial"
 ]
 ReportTarget = Literal["jsonl", "wandb", "tensorboard"]
+# dtypes both servers understand (vLLM's --dtype names; the builtin server maps them to torch)
+SERVER_DTYPES = ("auto", "bfloat16", "float16", "half", "float32", "float")
+# [inference.args] keys that must be whole numbers >= 1 (launcher kwargs and common flags)
+POSITIVE_INT_SERVER_ARGS = (
+    "max_lora_rank", "max_loras", "data_parallel_size", "tensor_parallel_size", "max_model_len",
+    "max_num_seqs", "max_queue", "max_prefill_tokens", "threads",
+)
+REDACTED = "***"
 
 
 class Section(BaseModel):
     """Base for every config table: unknown keys are errors; field docstrings are descriptions."""
 
     model_config = ConfigDict(
-        extra="forbid", strict=True, use_attribute_docstrings=True, validate_default=True
+        extra="forbid",
+        strict=True,
+        use_attribute_docstrings=True,
+        validate_default=True,
+        allow_inf_nan=False,  # `learning_rate = inf` is a mistake, not a setting
     )
 
 
@@ -42,6 +61,11 @@ class EnvConfig(Section):
     """Environment id used for evaluation; default: the training environment."""
     eval_args: dict[str, Any] | None = None
     """`load_environment` kwargs for the eval environment; default: `args`."""
+
+    @field_validator("id", "eval_id")
+    @classmethod
+    def _id_not_blank(cls, value: str | None) -> str | None:
+        return _not_blank(value, "an environment id, e.g. \"reverse-text\"")
 
 
 class InferenceConfig(Section):
@@ -64,6 +88,26 @@ class InferenceConfig(Section):
     @classmethod
     def _gpus_not_negative(cls, value: int | list[int]) -> int | list[int]:
         return _check_gpus(value)
+
+    @field_validator("host")
+    @classmethod
+    def _host_not_blank(cls, value: str) -> str:
+        return _not_blank(value, "an interface, e.g. \"127.0.0.1\"")
+
+    @field_validator("base_url")
+    @classmethod
+    def _base_url_is_http(cls, value: str) -> str:
+        return _check_base_url(value)
+
+    @field_validator("args")
+    @classmethod
+    def _server_args_valid(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return _check_server_args(value)
+
+    @field_serializer("api_key", when_used="json")
+    def _redact_api_key(self, value: str) -> str:
+        """JSON dumps go to wandb, tensorboard and printed plans: never the key itself."""
+        return REDACTED if value else ""
 
 
 class TrainerArgs(Section):
@@ -95,11 +139,11 @@ class TrainerArgs(Section):
     async_level: int = Field(1, ge=0, le=8)
     """Policy lag: batch k is sampled by the adapter of step k-1-async_level (0 = on-policy)."""
     max_concurrent: int = Field(-1, ge=-1)
-    """Rollouts in flight at once; -1 = the whole batch."""
+    """Rollouts in flight at once; -1 = the whole batch (0 is refused: nothing would run)."""
     generation_timeout: float = Field(600.0, gt=0)
     """Seconds one batch may take to generate before the run stops with an error."""
     # --- optimization
-    learning_rate: float = Field(1e-5, gt=0)
+    learning_rate: float = Field(1e-5, gt=0, le=1)
     """AdamW learning rate."""
     lr_scheduler_type: SchedulerName = "constant"
     """Learning-rate schedule (transformers' get_scheduler names)."""
@@ -157,7 +201,7 @@ class TrainerArgs(Section):
     eval_steps: int = Field(0, ge=0)
     """Evaluate every N steps, and at start and end; 0 = no eval."""
     eval_num_examples: int = Field(32, ge=-1)
-    """Eval examples (-1 = the whole eval split)."""
+    """Eval examples (-1 = the whole eval split; 0 is refused)."""
     save_steps: int = Field(50, ge=0)
     """Checkpoint every N steps (and at the end or on stop); 0 = only at the end."""
     save_total_limit: int = Field(2, ge=0)
@@ -165,8 +209,9 @@ class TrainerArgs(Section):
     output_dir: str = "outputs"
     """Parent folder of run directories."""
     run_name: str = ""
-    """Run directory name under output_dir; default: <env id>--<model name>."""
-    seed: int = 0
+    """Run directory name under output_dir (one folder name: no '/', not '..');
+    default: <env id>--<model name>."""
+    seed: int = Field(0, ge=0)
     """Seed for data order, LoRA init and dropout."""
     report_to: list[ReportTarget] = Field(default_factory=lambda: ["jsonl"])
     """Metric sinks besides the console: jsonl, wandb, tensorboard."""
@@ -175,7 +220,7 @@ class TrainerArgs(Section):
     # --- adapter sync
     sync_timeout: float = Field(120.0, gt=0)
     """Seconds an adapter hot-load (load + verify) may take before the run stops with an error."""
-    adapter_probe_tolerance: float = Field(0.2, ge=0)
+    adapter_probe_tolerance: float = Field(0.2, ge=0, allow_inf_nan=True)
     """Max mean |logprob difference| server vs trainer on the probe (fp32 server: ~1e-6, bf16:
     ~0.02-0.1); inf skips the probe."""
 
@@ -183,6 +228,30 @@ class TrainerArgs(Section):
     @classmethod
     def _report_to_list(cls, value: Any) -> Any:
         return [value] if isinstance(value, str) else value
+
+    @field_validator("max_concurrent", "eval_num_examples")
+    @classmethod
+    def _not_zero(cls, value: int) -> int:
+        if value == 0:
+            raise ValueError("0 would run nothing: use -1 (all) or a number >= 1")
+        return value
+
+    @field_validator("lora_target_modules")
+    @classmethod
+    def _some_lora_targets(cls, value: list[str] | str) -> list[str] | str:
+        if isinstance(value, list) and not value:
+            raise ValueError('is empty: name the modules to adapt, or use "all-linear"')
+        return value
+
+    @field_validator("output_dir")
+    @classmethod
+    def _output_dir_not_blank(cls, value: str) -> str:
+        return _not_blank(value, "a folder, e.g. \"outputs\"")
+
+    @field_validator("run_name")
+    @classmethod
+    def _run_name_is_one_folder(cls, value: str) -> str:
+        return check_folder_name(value)
 
     @property
     def clip_high(self) -> float:
@@ -239,6 +308,11 @@ class RunConfig(Section):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     """The trainer."""
 
+    @field_validator("model")
+    @classmethod
+    def _model_not_blank(cls, value: str) -> str:
+        return _not_blank(value, "a local HF folder or a hub id, e.g. \"Qwen/Qwen3-0.6B\"")
+
     @property
     def args(self) -> TrainerArgs:
         """Shortcut for `trainer.args`."""
@@ -263,3 +337,54 @@ def _check_gpus(value: int | list[int]) -> int | list[int]:
     if isinstance(value, list) and any(i < 0 for i in value):
         raise ValueError("device ids must be >= 0")
     return value
+
+
+def _not_blank(value: str | None, what: str) -> str | None:
+    if value is not None and not value.strip():
+        raise ValueError(f"is empty: give {what}")
+    return value
+
+
+def check_folder_name(name: str) -> str:
+    """`name` as one folder below output_dir: a run must never write outside output_dir."""
+    if "/" in name or "\\" in name or name in (".", "..") or "\0" in name:
+        raise ValueError(
+            f"{name!r} must be one folder name under output_dir (no '/', '\\', '..'); "
+            "put the parent folder in trainer.args.output_dir"
+        )
+    return name
+
+
+def _check_base_url(value: str) -> str:
+    if not value:
+        return value
+    parsed = urllib.parse.urlparse(value)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ValueError(
+            "must be an http(s) URL with a host, e.g. http://127.0.0.1:8000/v1 "
+            "(or empty to let vfkit start a server)"
+        )
+    try:
+        parsed.port  # noqa: B018 - raises ValueError on a port out of range
+    except ValueError:
+        raise ValueError("has a port that is not a number in 0-65535") from None
+    return value
+
+
+def _check_server_args(given: dict[str, Any]) -> dict[str, Any]:
+    args = {key.replace("-", "_"): value for key, value in given.items()}
+    dtype = args.get("dtype")
+    if dtype is not None and dtype not in SERVER_DTYPES:
+        raise ValueError(f"dtype = {dtype!r} is not a dtype: use one of {', '.join(SERVER_DTYPES)}")
+    for key in POSITIVE_INT_SERVER_ARGS:
+        value = args.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 1):
+            raise ValueError(f"{key} = {value!r} must be a whole number >= 1")
+    timeout = args.get("health_timeout")
+    if timeout is not None and not (
+        isinstance(timeout, int | float) and not isinstance(timeout, bool)
+        and math.isfinite(timeout) and timeout > 0
+    ):
+        raise ValueError(f"health_timeout = {timeout!r} must be a number of seconds > 0")
+    return given

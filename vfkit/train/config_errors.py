@@ -10,6 +10,9 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from vfkit.errors import ConfigError
+from vfkit.train.config import REDACTED
+
+SECRET_KEYS = ("api_key",)  # their values never appear in messages
 
 _HEADER = re.compile(r"^\s*\[\s*([^\[\]]+?)\s*\]\s*(#.*)?$")
 _PART = r"(?:[A-Za-z0-9_-]+|\"[^\"]*\"|'[^']*')"
@@ -100,5 +103,7 @@ def validation_error(
         elif path in messages:  # another branch of a union type: "a list or 'all-linear'"
             messages[path] += f", or {err['msg'].removeprefix('Input should be ')}"
         else:
-            messages[path] = f"{where}: {dotted} = {err.get('input')!r}: {err['msg']}"
+            value = REDACTED if path and path[-1] in SECRET_KEYS else repr(err.get("input"))
+            reason = err["msg"].removeprefix("Value error, ")
+            messages[path] = f"{where}: {dotted} = {value}: {reason}"
     return ConfigError("\n".join(messages.values()))

@@ -15,7 +15,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from vfkit.errors import ConfigError
-from vfkit.train.config import RunConfig, gpu_count
+from vfkit.train.config import RunConfig, check_folder_name, gpu_count
 from vfkit.train.config_errors import ConfigSource, validation_error
 from vfkit.train.overrides import apply_overrides
 
@@ -27,7 +27,16 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist (e.g. vf-train configs/exp.toml)")
-    return parse_config(path.read_text(), name=str(path), overrides=overrides)
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            f"{path}:{line}: not UTF-8 text (byte {raw[exc.start]:#x} at offset {exc.start}); "
+            "TOML files must be UTF-8: re-save it as UTF-8"
+        ) from None
+    return parse_config(text, name=str(path), overrides=overrides)
 
 
 def parse_config(
@@ -68,6 +77,12 @@ def check_combinations(cfg: RunConfig, source: ConfigSource | None = None) -> No
     source = source or ConfigSource()
     a = cfg.trainer.args
     key = ("trainer", "args")
+    if not a.run_name:
+        try:
+            check_folder_name(cfg.run_name)
+        except ValueError as exc:
+            raise source.error(("env", "id"), f"the run name derived from it: {exc}; "
+                               "set trainer.args.run_name") from None
     if not a.use_lora:
         raise source.error((*key, "use_lora"), "only LoRA training is supported; set it to true")
     if a.batch_size % a.rollouts_per_example:
