@@ -4,6 +4,7 @@ in `vf-train` as in `vf-rl --dry-run`, and never a traceback or a run that "succ
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,15 @@ from vfkit.launch.main import main as vf_rl
 from vfkit.train.config_loader import load_config, parse_config
 
 BASE = 'model = "m"\n[env]\nid = "reverse-text"\n'
+
+
+@pytest.fixture(autouse=True)
+def _keep_signal_handlers():
+    """vf-train ignores SIGINT/SIGTERM once it is over: give pytest its handlers back."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
 
 # (id, TOML appended to BASE, words the error must contain). Each line number is where the bad
 # key sits in BASE + snippet.
@@ -48,6 +58,7 @@ STATIC_CASES = [
     ("dtype-unknown", '[inference.args]\ndtype = "fp17"\n', ["inference.args", "fp17", "bfloat16"]),
     ("server-rank-zero", "[inference.args]\nmax-lora-rank = 0\n", ["max_lora_rank", ">= 1"]),
     ("server-seqs-zero", "[inference.args]\nmax_num_seqs = 0\n", ["max_num_seqs", ">= 1"]),
+    ("server-len-text", '[inference.args]\nmax_model_len = "long"\n', ["max_model_len", ">= 1"]),
     ("output-dir-blank", '[trainer.args]\noutput_dir = " "\n', ["output_dir", "is empty"]),
 ]
 
@@ -121,3 +132,148 @@ def test_api_key_is_redacted_in_dumps_and_errors() -> None:
     with pytest.raises(ConfigError) as err:
         parse_config(BASE + "[inference]\napi_key = 12345678\n")
     assert "12345678" not in str(err.value) and "inference.api_key" in str(err.value)
+
+
+# --- the same checks in vf-train and in vf-rl --dry-run (a tiny model, the rl-echo env)
+
+
+@pytest.fixture
+def echo_config(tmp_path: Path, tiny_model_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    from test_rl_helpers import write_config
+
+    path = write_config(tmp_path, tiny_model_path)
+    monkeypatch.syspath_prepend(str(tmp_path / "envs"))
+    monkeypatch.chdir(tmp_path)
+    return path
+
+
+def _blocker(tmp: Path) -> str:
+    (tmp / "a-file").write_text("not a folder")  # root can write anywhere, but not under a file
+    return [f"trainer.args.output_dir={tmp}/a-file/outputs"]
+
+
+# (id, overrides (a callable of tmp_path for paths), words the error must contain)
+WORLD_CASES = [
+    ("env-args-rejected", ["env.args.no_such_arg=3"], ["load_environment", "no_such_arg"]),
+    ("env-unknown", ["env.id=no-such-env"], ["env.id", "'no-such-env' not found"]),
+    ("eval-env-unknown", ["env.eval_id=no-such-eval"], ["env.eval_id", "no-such-eval"]),
+    ("lora-target-missing", ['trainer.args.lora_target_modules=["q_projj"]'],
+     ["lora_target_modules", "'q_projj'", "did you mean 'q_proj'"]),
+    ("lora-save-missing", ['trainer.args.lora_modules_to_save=["embed"]'],
+     ["lora_modules_to_save", "'embed'"]),
+    ("model-missing", ["model=/no/such/model"], ["model", "/no/such/model"]),
+    ("output-dir-unwritable", _blocker, ["output_dir", "is not a folder"]),
+    ("server-flag-unknown", ["inference.args.no_such_flag=1"],
+     ["inference.args.no_such_flag", "builtin server"]),
+    ("server-flag-type", ['inference.args.port="x"'], ["inference.args", "--port", "'x'"]),
+    ("base-url-down", ["inference.base_url=http://127.0.0.1:9/v1"],
+     ["inference.base_url", "/health"]),
+    ("batch-far-above-dataset", ["trainer.args.batch_size=4000"],
+     ["batch_size=4000", "2000 prompts", "has 16"]),
+    ("max-tokens-above-context", ["trainer.args.max_tokens=5000", "trainer.args.max_seq_len=8000"],
+     ["max_tokens=5000", "context of 1024", "max_position_embeddings"]),
+    ("max-tokens-above-server-context", ["inference.args.max_model_len=64",
+                                         "trainer.args.max_tokens=60"],
+     ["max_tokens=60", "context of 64", "inference.args.max_model_len"]),
+    ("prompt-plus-max-tokens-above-max-seq-len", ["trainer.args.max_tokens=120"],
+     ["max_tokens=120", "max_seq_len=128"]),
+]
+
+
+def _overrides(case: object, tmp: Path) -> list[str]:
+    return case(tmp) if callable(case) else list(case)  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(("overrides", "words"), [c[1:] for c in WORLD_CASES],
+                         ids=[c[0] for c in WORLD_CASES])
+def test_vf_train_names_the_mistake_before_training(
+    echo_config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    overrides: object, words: list[str],
+) -> None:
+    code = vf_train([str(echo_config), *_overrides(overrides, tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err
+    for word in words:
+        assert word in err, err
+    assert not (tmp_path / "outputs").exists()  # nothing started, nothing written
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("overrides", "words"), [c[1:] for c in WORLD_CASES],
+                         ids=[c[0] for c in WORLD_CASES])
+def test_dry_run_names_the_same_mistake(
+    echo_config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    overrides: object, words: list[str],
+) -> None:
+    code = vf_rl(["--dry-run", str(echo_config), *_overrides(overrides, tmp_path)])
+    out = capsys.readouterr().out
+    failed = [line for line in out.splitlines() if line.startswith("✗")]
+    assert code == 1 and len(failed) == 1, out  # exactly the problem we made
+    for word in words:
+        assert word in failed[0], out
+
+
+def test_dry_run_measures_prompts_with_the_trainers_function(
+    echo_config: Path, capsys: pytest.CaptureFixture[str], tiny_model_path: Path
+) -> None:
+    from transformers import AutoTokenizer
+
+    from vfkit.envs.registry import load_environment
+    from vfkit.train import data, run_checks
+
+    assert run_checks.prompt_length is data.prompt_length  # one owner: imported, not copied
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    prompts = load_environment("rl-echo").get_dataset()["prompt"]
+    lengths = [data.prompt_length(tokenizer, p) for p in prompts]
+    assert vf_rl(["--dry-run", str(echo_config)]) == 0
+    out = capsys.readouterr().out
+    assert f"prompts {min(lengths)}-{max(lengths)} tokens" in out, out
+    assert f"≈{max(lengths)} prompt" in out  # the plan's token estimate uses the same count
+
+
+# --- a run that trained nothing is not "done"
+
+
+def _rollout(completion_ids: list[int], stop: str, error: str | None = None) -> dict:
+    tokens = {"prompt_ids": [1, 2, 3], "completion_ids": completion_ids}
+    return {"example_id": 0, "prompt": [], "completion": [], "reward": 0.0, "error": error,
+            "stop_condition": stop, "is_truncated": stop == "prompt_too_long",
+            "trajectory": [{"tokens": tokens}] if completion_ids else []}
+
+
+@pytest.mark.parametrize(
+    ("step_2", "verdict"),
+    [
+        ([_rollout([], "prompt_too_long")] * 4, "4 prompt_too_long"),
+        ([_rollout([], "error", error="ServerError: down")] * 4, "4 error"),
+        ([_rollout([], "prompt_too_long")] * 3 + [_rollout([7], "max_tokens_reached")], None),
+    ],
+    ids=["all-too-long", "all-failed", "one-trainable"],
+)
+def test_vf_train_fails_when_a_step_had_nothing_to_train(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    step_2: list[dict], verdict: str | None,
+) -> None:
+    from vfkit.train import phases, run_checks
+    from vfkit.train.data import write_rollouts
+
+    run_dir = tmp_path / "run"
+
+    def fake_run(*_a: object, **_k: object) -> tuple[Path, float]:
+        write_rollouts(run_dir / "rollouts" / "step_1.jsonl", [[_rollout([5, 6], "stop")] * 2], 0)
+        write_rollouts(run_dir / "rollouts" / "step_2.jsonl", [step_2[:2], step_2[2:]], 1)
+        return run_dir, 1.0
+
+    monkeypatch.setattr(phases, "run_phase", fake_run)
+    monkeypatch.setattr(run_checks, "require_static_checks", lambda *_a, **_k: None)  # model "m"
+    config = tmp_path / "c.toml"
+    config.write_text(BASE)
+    code = vf_train([str(config)])
+    err = capsys.readouterr().err
+    if verdict is None:
+        assert code == 0 and "done" in err
+    else:
+        assert code == 1, err
+        assert "first step 2" in err and "trained nothing" in err and "done" not in err
+        assert verdict in err and "max_tokens" in err

@@ -15,13 +15,7 @@ from typing import TYPE_CHECKING
 
 from vfkit.errors import ConfigError, VfkitError
 from vfkit.launch import tmux
-from vfkit.launch.preflight import (
-    Check,
-    check_not_running,
-    check_output_dir,
-    check_port,
-    run_preflight,
-)
+from vfkit.launch.preflight import Check, check_not_running, run_preflight
 from vfkit.launch.rundir import RunDir, resolve_run_dir
 
 if TYPE_CHECKING:
@@ -169,6 +163,7 @@ def _mode(args: argparse.Namespace) -> tuple[str, Check]:
 
 def _run(args: argparse.Namespace) -> int:
     from vfkit.train.config_loader import load_config
+    from vfkit.train.run_checks import require_static_checks
 
     cfg = load_config(args.config, args.overrides)
     mode, mode_check = _mode(args)
@@ -178,8 +173,9 @@ def _run(args: argparse.Namespace) -> int:
 
     plan = make_plan(cfg, args.config, args.overrides, resume=args.resume)
     session = tmux.session_name(args.session or args.tmux_pane or plan.run.name)
-    quick = (check_output_dir(plan.run), check_not_running(plan.run), check_port(cfg), mode_check)
-    for check in quick:
+    if not args.tmux_pane:  # the pane's supervisor runs after these checks passed here
+        require_static_checks(cfg)
+    for check in (check_not_running(plan.run), mode_check):
         if not check.ok:
             raise VfkitError(check.detail)
     if mode == "tmux":
