@@ -277,3 +277,42 @@ def test_vf_train_fails_when_a_step_had_nothing_to_train(
         assert code == 1, err
         assert "first step 2" in err and "trained nothing" in err and "done" not in err
         assert verdict in err and "max_tokens" in err
+
+
+# --- overrides anywhere on the command line (the README's `vf-rl cfg --no-tmux k=v`)
+
+ORDERS = [
+    ["CFG", "--no-tmux", "trainer.args.max_steps=5"],
+    ["--no-tmux", "CFG", "trainer.args.max_steps=5"],
+    ["CFG", "trainer.args.max_steps=5", "--no-tmux"],
+    ["CFG", "env.args.n=1", "--no-tmux", "trainer.args.max_steps=5"],
+    ["CFG", "--resume", "trainer.args.max_steps=5"],
+]
+
+
+@pytest.mark.parametrize("order", ORDERS, ids=lambda o: " ".join(o))
+def test_overrides_after_flags_are_accepted(order: list[str]) -> None:
+    from vfkit.cli.train import parse_args as train_args
+    from vfkit.launch.main import parse_args as rl_args
+
+    rl = rl_args(order)
+    assert rl.config == "CFG" and "trainer.args.max_steps=5" in rl.overrides
+    assert rl.no_tmux == ("--no-tmux" in order)
+    assert rl.resume == ("latest" if "--resume" in order else None)
+    train = train_args([a if a != "--no-tmux" else "--phase=both" for a in order])
+    assert train.config == "CFG" and "trainer.args.max_steps=5" in train.overrides
+
+
+@pytest.mark.parametrize("cli", ["vf-train", "vf-rl"])
+def test_override_after_a_flag_reaches_the_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], cli: str
+) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(BASE)
+    flag = "--phase=both" if cli == "vf-train" else "--no-tmux"
+    code = (vf_train if cli == "vf-train" else vf_rl)(
+        [str(path), flag, "trainer.args.learning_rate=inf"]
+    )
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "command-line override trainer.args.learning_rate" in err and "finite" in err

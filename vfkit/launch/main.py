@@ -71,13 +71,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """Flags and KEY=VALUE overrides in any order (`vf-rl cfg.toml --no-tmux k=v` as README)."""
+    args = build_parser().parse_intermixed_args(argv)
+    if args.resume and "=" in args.resume and not Path(args.resume).exists():
+        args.overrides.append(args.resume)  # `--resume k=v`: k=v is an override
+        args.resume = "latest"
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `vf-rl`; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv and argv[0] in ("report", "watch"):
             return _subcommand(argv[0], argv[1:])
-        args = build_parser().parse_args(argv)
+        args = parse_args(argv)
         if args.clean:
             return _clean(args.clean)
         if not args.config:
