@@ -316,3 +316,15 @@ def test_override_after_a_flag_reaches_the_config(
     err = capsys.readouterr().err
     assert code == 2
     assert "command-line override trainer.args.learning_rate" in err and "finite" in err
+
+
+def test_api_key_override_is_hidden_in_the_printed_plan() -> None:
+    from vfkit.launch.plan import format_plan, make_plan
+
+    overrides = ["inference.api_key=sk-secret-2", "trainer.args.max_steps=3"]
+    cfg = parse_config(BASE + '[inference]\nbackend = "builtin"\n', overrides=overrides)
+    plan = make_plan(cfg, "c.toml", overrides)
+    text = format_plan(plan, cfg, "foreground")
+    assert "sk-secret-2" not in text
+    assert "inference.api_key=***" in text and "trainer.args.max_steps=3" in text
+    assert "inference.api_key=sk-secret-2" in plan.trainer.argv  # the trainer still gets it
