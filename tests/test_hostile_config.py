@@ -4,7 +4,9 @@ in `vf-train` as in `vf-rl --dry-run`, and never a traceback or a run that "succ
 
 from __future__ import annotations
 
+import shutil
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -328,3 +330,30 @@ def test_api_key_override_is_hidden_in_the_printed_plan() -> None:
     assert "sk-secret-2" not in text
     assert "inference.api_key=***" in text and "trainer.args.max_steps=3" in text
     assert "inference.api_key=sk-secret-2" in plan.trainer.argv  # the trainer still gets it
+
+
+# --- `make run` inside a tmux session that no client is attached to
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_inside_tmux_with_no_client_says_where_the_run_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from vfkit.launch.main import show_session
+    from vfkit.launch.rundir import RunDir
+
+    monkeypatch.setenv("TMUX_TMPDIR", str(tmp_path))  # a private tmux server
+    monkeypatch.delenv("TMUX", raising=False)
+    for name in ("outer", "vfrun"):  # the session `make run` runs in, and the run's
+        subprocess.run(["tmux", "new-session", "-d", "-s", name, "sleep 60"], check=True)
+    try:
+        socket = next(tmp_path.glob("tmux-*/default"))
+        monkeypatch.setenv("TMUX", f"{socket},1,0")  # as inside a pane of "outer"
+        run = RunDir(tmp_path / "outputs" / "exp")
+        code = show_session("vfrun", run, interactive=True)
+    finally:
+        subprocess.run(["tmux", "kill-server"], check=False)
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "no current client" in out and "tmux attach -t vfrun" in out
+    assert f"run folder: {run.root}" in out

@@ -228,8 +228,17 @@ def _start_tmux(args: argparse.Namespace, run: RunDir, session: str) -> int:
     if args.no_report:
         passthrough.append("--no-report")
     tmux.start_session(session, run, passthrough)
-    if sys.stdout.isatty() and sys.stdin.isatty():
-        return tmux.attach(session)
-    print(f"started tmux session {session!r} for run {run.root}")
-    print(f"  attach: tmux attach -t {session}    live metrics: vf-rl watch {run.root}")
+    return show_session(session, run, interactive=sys.stdout.isatty() and sys.stdin.isatty())
+
+
+def show_session(session: str, run: RunDir, *, interactive: bool) -> int:
+    """Attach to the run's session when on a terminal; otherwise, or when tmux cannot show it
+    here, say where the run is. The run goes on in its session either way: exit 0."""
+    problem = tmux.attach(session) if interactive else "not on a terminal"
+    if problem is None:
+        return 0
+    print(f"the run goes on in tmux session {session!r} (not shown here: {problem})")
+    print(f"  attach:     tmux attach -t {session}  (inside tmux: tmux switch-client -t {session})")
+    print(f"  run folder: {run.root}")
+    print(f"  live metrics: vf-rl watch {run.root}")
     return 0
