@@ -61,6 +61,11 @@ STATIC_CASES = [
     ("server-rank-zero", "[inference.args]\nmax-lora-rank = 0\n", ["max_lora_rank", ">= 1"]),
     ("server-seqs-zero", "[inference.args]\nmax_num_seqs = 0\n", ["max_num_seqs", ">= 1"]),
     ("server-len-text", '[inference.args]\nmax_model_len = "long"\n', ["max_model_len", ">= 1"]),
+    ("epsilon-above-1", "[trainer.args]\nepsilon = 1.5\n", ["epsilon", "less than"]),
+    ("warmup-past-end", '[trainer.args]\nmax_steps = 5\nwarmup_steps = 5\n'
+     'lr_scheduler_type = "linear"\n', ["x.toml:6", "warmup_steps", "max_steps=5"]),
+    ("gpu-share-above-1", "[inference.args]\ngpu_memory_utilization = 1.5\n",
+     ["gpu_memory_utilization", "(0, 1]"]),
     ("output-dir-blank", '[trainer.args]\noutput_dir = " "\n', ["output_dir", "is empty"]),
 ]
 

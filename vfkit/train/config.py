@@ -179,8 +179,8 @@ class TrainerArgs(Section):
     # --- loss
     loss_type: LossType = "grpo"
     """Policy-gradient loss: grpo | dr_grpo | dapo | cispo (vfkit/train/losses/)."""
-    epsilon: float = Field(0.2, gt=0)
-    """Lower clip range of the importance ratio (1 - epsilon)."""
+    epsilon: float = Field(0.2, gt=0, le=1)
+    """Lower clip range of the importance ratio (1 - epsilon, so at most 1)."""
     epsilon_high: float | None = Field(None, gt=0)
     """Upper clip range (1 + epsilon_high); default: epsilon."""
     mask_ratio_low: float = Field(0.125, ge=0)
@@ -381,6 +381,11 @@ def _check_server_args(given: dict[str, Any]) -> dict[str, Any]:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                   or value < 1):
             raise ValueError(f"{key} = {value!r} must be a whole number >= 1")
+    share = args.get("gpu_memory_utilization")
+    if share is not None and not (
+        isinstance(share, int | float) and not isinstance(share, bool) and 0 < share <= 1
+    ):
+        raise ValueError(f"gpu_memory_utilization = {share!r} must be a fraction in (0, 1]")
     timeout = args.get("health_timeout")
     if timeout is not None and not (
         isinstance(timeout, int | float) and not isinstance(timeout, bool)

@@ -110,6 +110,12 @@ def check_combinations(cfg: RunConfig, source: ConfigSource | None = None) -> No
             (*key, "max_prompt_len"),
             f"{a.max_prompt_len} leaves no room for a completion in max_seq_len={a.max_seq_len}",
         )
+    if a.warmup_steps >= a.max_steps and a.lr_scheduler_type != "constant":
+        raise source.error(
+            (*key, "warmup_steps"),
+            f"{a.warmup_steps} is not below max_steps={a.max_steps}: the learning rate would "
+            "never reach learning_rate; lower warmup_steps",
+        )
     if a.mask_ratio_low >= a.mask_ratio_high:
         raise source.error(
             (*key, "mask_ratio_low"),
