@@ -5,6 +5,9 @@
     vf-train configs/exp.toml --resume                     # latest checkpoint of the run
     vf-train configs/exp.toml --phase rollout | update     # split sampling and training
 
+Before any weight loads, the config is checked against what it names (vfkit/train/run_checks.py,
+the same checks as `vf-rl --dry-run`): a mistake is one named error, exit 2. A run whose steps
+had nothing to train (every rollout failed or cut before its first token) ends with exit 1.
 SIGINT/SIGTERM once: finish the current step, checkpoint, exit 0. Twice: stop now (exit 130).
 """
 
