@@ -362,3 +362,24 @@ def test_inside_tmux_with_no_client_says_where_the_run_is(
     assert code == 0
     assert "no current client" in out and "tmux attach -t vfrun" in out
     assert f"run folder: {run.root}" in out
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--health-timeout", "nan"), ("--health-timeout", "0"), ("--stop-timeout", "-5"),
+     ("--stop-timeout", "inf"), ("--max-restarts", "-1"), ("--max-restarts", "two")],
+)
+def test_vf_rl_numeric_flags_are_checked_where_they_enter(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str
+) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(BASE)
+    with pytest.raises(SystemExit) as exit_:
+        vf_rl([str(path), "--dry-run", f"{flag}={value}"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and f"argument {flag}: '{value}'" in err
+
+
+def test_config_that_is_a_folder(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="is a folder, not a TOML file"):
+        load_config(tmp_path)

@@ -9,6 +9,7 @@ vf-rl --clean RUN                        remove transient state, keep results
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,6 +21,28 @@ from vfkit.launch.rundir import RunDir, resolve_run_dir
 
 if TYPE_CHECKING:
     from vfkit.train.config import RunConfig
+
+
+def seconds(text: str) -> float:
+    """argparse type: a finite number of seconds > 0 (`--health-timeout nan` is refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a finite number of seconds > 0")
+    return value
+
+
+def count(text: str) -> int:
+    """argparse type: a whole number >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number >= 0")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,19 +73,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--health-timeout",
-        type=float,
+        type=seconds,
         default=600.0,
         help="seconds to wait for the server's /health (default 600)",
     )
     p.add_argument(
         "--max-restarts",
-        type=int,
+        type=count,
         default=3,
         help="server restarts allowed if it dies mid-run (default 3)",
     )
     p.add_argument(
         "--stop-timeout",
-        type=float,
+        type=seconds,
         default=900.0,
         help="seconds the trainer may take to finish its step after Ctrl-C",
     )
@@ -118,7 +141,7 @@ def _subcommand(name: str, argv: list[str]) -> int:
         p.add_argument("--out", type=Path, help="write report.html + report/*.png here instead")
     if name == "watch":
         p.add_argument("--log", choices=("server", "trainer"), help="follow a log instead")
-        p.add_argument("--interval", type=float, default=2.0, help="refresh period in seconds")
+        p.add_argument("--interval", type=seconds, default=2.0, help="refresh period in seconds")
         p.add_argument("--pane", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     run = resolve_run_dir(args.run)

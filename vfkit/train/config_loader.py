@@ -26,7 +26,8 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     """Read, override and validate the TOML at `path`."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist (e.g. vf-train configs/exp.toml)")
+        problem = "is a folder, not a TOML file" if path.is_dir() else "does not exist"
+        raise ConfigError(f"config file {path} {problem} (e.g. vf-train configs/exp.toml)")
     raw = path.read_bytes()
     try:
         text = raw.decode("utf-8")
