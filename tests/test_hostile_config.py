@@ -139,6 +139,9 @@ def test_api_key_is_redacted_in_dumps_and_errors() -> None:
     with pytest.raises(ConfigError) as err:
         parse_config(BASE + "[inference]\napi_key = 12345678\n")
     assert "12345678" not in str(err.value) and "inference.api_key" in str(err.value)
+    with pytest.raises(ConfigError) as err:  # a table's error names its key, not the table
+        parse_config(BASE + '[inference.args]\ndtype = "x"\napi_key = "sk-secret-3"\n')
+    assert "sk-secret-3" not in str(err.value) and "dtype = 'x'" in str(err.value)
 
 
 # --- the same checks in vf-train and in vf-rl --dry-run (a tiny model, the rl-echo env)

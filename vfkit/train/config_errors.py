@@ -103,7 +103,14 @@ def validation_error(
         elif path in messages:  # another branch of a union type: "a list or 'all-linear'"
             messages[path] += f", or {err['msg'].removeprefix('Input should be ')}"
         else:
-            value = REDACTED if path and path[-1] in SECRET_KEYS else repr(err.get("input"))
             reason = err["msg"].removeprefix("Value error, ")
-            messages[path] = f"{where}: {dotted} = {value}: {reason}"
+            messages[path] = f"{where}: {dotted}{_shown(path, err.get('input'))}: {reason}"
     return ConfigError("\n".join(messages.values()))
+
+
+def _shown(path: tuple[str, ...], value: Any) -> str:
+    """` = value` for an error message: secrets hidden, a whole table left out (its validator
+    names the key at fault, and the table may hold other secrets)."""
+    if path and path[-1] in SECRET_KEYS:
+        return f" = {REDACTED}"
+    return "" if isinstance(value, dict) else f" = {value!r}"
