@@ -4,6 +4,7 @@ in `vf-train` as in `vf-rl --dry-run`, and never a traceback or a run that "succ
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import subprocess
@@ -258,8 +259,9 @@ def _rollout(completion_ids: list[int], stop: str, error: str | None = None) -> 
         ([_rollout([], "prompt_too_long")] * 4, "4 prompt_too_long"),
         ([_rollout([], "error", error="ServerError: down")] * 4, "4 error"),
         ([_rollout([], "prompt_too_long")] * 3 + [_rollout([7], "max_tokens_reached")], None),
+        ([{"example_id": 0, "reward": 1.0}] * 4, None),  # no token fields: no verdict
     ],
-    ids=["all-too-long", "all-failed", "one-trainable"],
+    ids=["all-too-long", "all-failed", "one-trainable", "records-without-tokens"],
 )
 def test_vf_train_fails_when_a_step_had_nothing_to_train(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
@@ -272,7 +274,11 @@ def test_vf_train_fails_when_a_step_had_nothing_to_train(
 
     def fake_run(*_a: object, **_k: object) -> tuple[Path, float]:
         write_rollouts(run_dir / "rollouts" / "step_1.jsonl", [[_rollout([5, 6], "stop")] * 2], 0)
-        write_rollouts(run_dir / "rollouts" / "step_2.jsonl", [step_2[:2], step_2[2:]], 1)
+        step_2_file = run_dir / "rollouts" / "step_2.jsonl"
+        if "trajectory" in step_2[0]:  # as the trainer writes them
+            write_rollouts(step_2_file, [step_2[:2], step_2[2:]], 1)
+        else:  # as some other writer might
+            step_2_file.write_text("".join(json.dumps(r) + "\n" for r in step_2))
         return run_dir, 1.0
 
     monkeypatch.setattr(phases, "run_phase", fake_run)

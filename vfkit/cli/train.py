@@ -138,9 +138,12 @@ def untrained_steps(run_dir: Path) -> str | None:
 
 
 def _trainable(record: dict) -> bool:
-    """A rollout that did not fail and has at least one completion token."""
+    """A rollout that did not fail and has at least one completion token (a record without
+    token fields, from another writer, counts as trainable: no false alarm)."""
     if record.get("error"):
         return False
+    if "trajectory" not in record:
+        return True
     return any(
         (step.get("tokens") or {}).get("completion_ids") for step in record.get("trajectory") or []
     )
