@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vfkit.launch.rundir import RunDir
-from vfkit.train.config import REDACTED, RunConfig, gpu_count
-from vfkit.train.config_errors import SECRET_KEYS
+from vfkit.train.config import RunConfig, gpu_count
+from vfkit.train.config_fields import REDACTED, SECRET_KEYS
 from vfkit.train.inference import choose_backend, device_ids
 
 

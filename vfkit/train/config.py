@@ -14,7 +14,6 @@ what each one changes). Load with `vfkit.train.config_loader.load_config`.
 from __future__ import annotations
 
 import math
-import urllib.parse
 from typing import Any, Literal
 
 from pydantic import (
@@ -25,19 +24,20 @@ from pydantic import (
     field_validator,
 )
 
+from vfkit.train.config_fields import (
+    REDACTED,
+    check_base_url,
+    check_folder_name,
+    check_gpus,
+    check_server_args,
+    not_blank,
+)
+
 LossType = Literal["grpo", "dr_grpo", "dapo", "cispo"]
 SchedulerName = Literal[
     "constant", "constant_with_warmup", "linear", "cosine", "cosine_with_restarts", "polynomial"
 ]
 ReportTarget = Literal["jsonl", "wandb", "tensorboard"]
-# dtypes both servers understand (vLLM's --dtype names; the builtin server maps them to torch)
-SERVER_DTYPES = ("auto", "bfloat16", "float16", "half", "float32", "float")
-# [inference.args] keys that must be whole numbers >= 1 (launcher kwargs and common flags)
-POSITIVE_INT_SERVER_ARGS = (
-    "max_lora_rank", "max_loras", "data_parallel_size", "tensor_parallel_size", "max_model_len",
-    "max_num_seqs", "max_queue", "max_prefill_tokens", "threads",
-)
-REDACTED = "***"
 
 
 class Section(BaseModel):
@@ -65,7 +65,7 @@ class EnvConfig(Section):
     @field_validator("id", "eval_id")
     @classmethod
     def _id_not_blank(cls, value: str | None) -> str | None:
-        return _not_blank(value, "an environment id, e.g. \"reverse-text\"")
+        return not_blank(value, "an environment id, e.g. \"reverse-text\"")
 
 
 class InferenceConfig(Section):
@@ -87,22 +87,22 @@ class InferenceConfig(Section):
     @field_validator("gpus")
     @classmethod
     def _gpus_not_negative(cls, value: int | list[int]) -> int | list[int]:
-        return _check_gpus(value)
+        return check_gpus(value)
 
     @field_validator("host")
     @classmethod
     def _host_not_blank(cls, value: str) -> str:
-        return _not_blank(value, "an interface, e.g. \"127.0.0.1\"")
+        return not_blank(value, "an interface, e.g. \"127.0.0.1\"")
 
     @field_validator("base_url")
     @classmethod
     def _base_url_is_http(cls, value: str) -> str:
-        return _check_base_url(value)
+        return check_base_url(value)
 
     @field_validator("args")
     @classmethod
     def _server_args_valid(cls, value: dict[str, Any]) -> dict[str, Any]:
-        return _check_server_args(value)
+        return check_server_args(value)
 
     @field_serializer("api_key", when_used="json")
     def _redact_api_key(self, value: str) -> str:
@@ -246,7 +246,7 @@ class TrainerArgs(Section):
     @field_validator("output_dir")
     @classmethod
     def _output_dir_not_blank(cls, value: str) -> str:
-        return _not_blank(value, "a folder, e.g. \"outputs\"")
+        return not_blank(value, "a folder, e.g. \"outputs\"")
 
     @field_validator("run_name")
     @classmethod
@@ -295,7 +295,7 @@ class TrainerConfig(Section):
     @field_validator("gpus")
     @classmethod
     def _gpus_not_negative(cls, value: int | list[int]) -> int | list[int]:
-        return _check_gpus(value)
+        return check_gpus(value)
 
 
 class RunConfig(Section):
@@ -311,7 +311,7 @@ class RunConfig(Section):
     @field_validator("model")
     @classmethod
     def _model_not_blank(cls, value: str) -> str:
-        return _not_blank(value, "a local HF folder or a hub id, e.g. \"Qwen/Qwen3-0.6B\"")
+        return not_blank(value, "a local HF folder or a hub id, e.g. \"Qwen/Qwen3-0.6B\"")
 
     @property
     def args(self) -> TrainerArgs:
@@ -329,67 +329,3 @@ class RunConfig(Section):
 def gpu_count(gpus: int | list[int]) -> int:
     """Number of devices a `gpus` value names."""
     return len(gpus) if isinstance(gpus, list) else gpus
-
-
-def _check_gpus(value: int | list[int]) -> int | list[int]:
-    if isinstance(value, int) and value < 0:
-        raise ValueError("must be >= 0 (a count) or a list of device ids")
-    if isinstance(value, list) and any(i < 0 for i in value):
-        raise ValueError("device ids must be >= 0")
-    return value
-
-
-def _not_blank(value: str | None, what: str) -> str | None:
-    if value is not None and not value.strip():
-        raise ValueError(f"is empty: give {what}")
-    return value
-
-
-def check_folder_name(name: str) -> str:
-    """`name` as one folder below output_dir: a run must never write outside output_dir."""
-    if "/" in name or "\\" in name or name in (".", "..") or "\0" in name:
-        raise ValueError(
-            f"{name!r} must be one folder name under output_dir (no '/', '\\', '..'); "
-            "put the parent folder in trainer.args.output_dir"
-        )
-    return name
-
-
-def _check_base_url(value: str) -> str:
-    if not value:
-        return value
-    parsed = urllib.parse.urlparse(value)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise ValueError(
-            "must be an http(s) URL with a host, e.g. http://127.0.0.1:8000/v1 "
-            "(or empty to let vfkit start a server)"
-        )
-    try:
-        parsed.port  # noqa: B018 - raises ValueError on a port out of range
-    except ValueError:
-        raise ValueError("has a port that is not a number in 0-65535") from None
-    return value
-
-
-def _check_server_args(given: dict[str, Any]) -> dict[str, Any]:
-    args = {key.replace("-", "_"): value for key, value in given.items()}
-    dtype = args.get("dtype")
-    if dtype is not None and dtype not in SERVER_DTYPES:
-        raise ValueError(f"dtype = {dtype!r} is not a dtype: use one of {', '.join(SERVER_DTYPES)}")
-    for key in POSITIVE_INT_SERVER_ARGS:
-        value = args.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                  or value < 1):
-            raise ValueError(f"{key} = {value!r} must be a whole number >= 1")
-    share = args.get("gpu_memory_utilization")
-    if share is not None and not (
-        isinstance(share, int | float) and not isinstance(share, bool) and 0 < share <= 1
-    ):
-        raise ValueError(f"gpu_memory_utilization = {share!r} must be a fraction in (0, 1]")
-    timeout = args.get("health_timeout")
-    if timeout is not None and not (
-        isinstance(timeout, int | float) and not isinstance(timeout, bool)
-        and math.isfinite(timeout) and timeout > 0
-    ):
-        raise ValueError(f"health_timeout = {timeout!r} must be a number of seconds > 0")
-    return given

@@ -10,9 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from vfkit.errors import ConfigError
-from vfkit.train.config import REDACTED
-
-SECRET_KEYS = ("api_key",)  # their values never appear in messages
+from vfkit.train.config_fields import REDACTED, SECRET_KEYS
 
 _HEADER = re.compile(r"^\s*\[\s*([^\[\]]+?)\s*\]\s*(#.*)?$")
 _PART = r"(?:[A-Za-z0-9_-]+|\"[^\"]*\"|'[^']*')"

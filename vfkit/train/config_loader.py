@@ -15,8 +15,9 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from vfkit.errors import ConfigError
-from vfkit.train.config import RunConfig, check_folder_name, gpu_count
+from vfkit.train.config import RunConfig, gpu_count
 from vfkit.train.config_errors import ConfigSource, validation_error
+from vfkit.train.config_fields import check_folder_name
 from vfkit.train.overrides import apply_overrides
 
 DEFAULT_MAX_LORA_RANK = 64  # the server launcher's default for --max-lora-rank
