@@ -168,6 +168,7 @@ WORLD_CASES = [
     ("env-args-rejected", ["env.args.no_such_arg=3"], ["load_environment", "no_such_arg"]),
     ("env-unknown", ["env.id=no-such-env"], ["env.id", "'no-such-env' not found"]),
     ("eval-env-unknown", ["env.eval_id=no-such-eval"], ["env.eval_id", "no-such-eval"]),
+    ("eval-env-args-rejected", ["env.eval_args.bad=1"], ["**env.eval_args", "'bad'"]),
     ("lora-target-missing", ['trainer.args.lora_target_modules=["q_projj"]'],
      ["lora_target_modules", "'q_projj'", "did you mean 'q_proj'"]),
     ("lora-save-missing", ['trainer.args.lora_modules_to_save=["embed"]'],

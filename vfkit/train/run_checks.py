@@ -146,19 +146,21 @@ def check_tensor_parallel(cfg: RunConfig, info: ModelInfo, backend: str) -> Chec
     return Check("tensor par.", True, f"{heads} heads / tp {tp}")
 
 
-def _load_dataset(env_id: str, args: dict[str, Any], key: str, eval_n: int | None) -> Any:
-    """The env's train (or, with eval_n, eval) dataset; errors name the config key."""
+def _load_dataset(env_id: str, args: dict[str, Any], *, eval_n: int | None = None) -> Any:
+    """The env's train (or, with eval_n, eval) dataset; errors name the config keys."""
     from vfkit.envs.registry import load_environment
 
+    prefix = "env." if eval_n is None else "env.eval_"
+    id_key, args_key = prefix + "id", prefix + "args"
     try:
         env = load_environment(env_id, **args)
         return env.get_dataset() if eval_n is None else env.get_eval_dataset(n=eval_n)
     except VfkitError as exc:
-        raise ConfigError(f"{key} = {env_id!r}: {exc}") from None
+        raise ConfigError(f"{id_key} = {env_id!r}: {exc}") from None
     except Exception as exc:
         raise ConfigError(
-            f"load_environment({env_id!r}, **{key.rsplit('.', 1)[0]}.args) failed: "
-            f"{type(exc).__name__}: {exc}; fix the env args (they go to load_environment)"
+            f"load_environment({env_id!r}, **{args_key}) failed: {type(exc).__name__}: {exc}; "
+            f"fix {args_key} (its keys are load_environment's keyword arguments)"
         ) from None
 
 
@@ -197,7 +199,7 @@ def check_environment(cfg: RunConfig, info: ModelInfo | None) -> tuple[Check, in
     """Load the env and measure its prompts; (check, longest kept prompt in tokens)."""
     a = cfg.trainer.args
     try:
-        dataset = _load_dataset(cfg.env.id, cfg.env.args, "env.id", None)
+        dataset = _load_dataset(cfg.env.id, cfg.env.args)
     except ConfigError as exc:
         return Check("environment", False, str(exc)), None
     if len(dataset) == 0:
@@ -235,7 +237,7 @@ def check_eval_environment(cfg: RunConfig) -> Check | None:
     eval_id = env.eval_id or env.id
     args = env.args if env.eval_args is None else env.eval_args
     try:
-        dataset = _load_dataset(eval_id, args, "env.eval_id", cfg.args.eval_num_examples)
+        dataset = _load_dataset(eval_id, args, eval_n=cfg.args.eval_num_examples)
     except ConfigError as exc:
         return Check("eval env", False, str(exc))
     if len(dataset) == 0:
