@@ -4,7 +4,6 @@ in `vf-train` as in `vf-rl --dry-run`, and never a traceback or a run that "succ
 
 from __future__ import annotations
 
-import json
 import shutil
 import signal
 import subprocess
@@ -247,53 +246,22 @@ def test_dry_run_measures_prompts_with_the_trainers_function(
 # --- a run that trained nothing is not "done"
 
 
-def _rollout(completion_ids: list[int], stop: str, error: str | None = None) -> dict:
-    tokens = {"prompt_ids": [1, 2, 3], "completion_ids": completion_ids}
-    return {"example_id": 0, "prompt": [], "completion": [], "reward": 0.0, "error": error,
-            "stop_condition": stop, "is_truncated": stop == "prompt_too_long",
-            "trajectory": [{"tokens": tokens}] if completion_ids else []}
-
-
-@pytest.mark.parametrize(
-    ("step_2", "verdict"),
-    [
-        ([_rollout([], "prompt_too_long")] * 4, "4 prompt_too_long"),
-        ([_rollout([], "error", error="ServerError: down")] * 4, "4 error"),
-        ([_rollout([], "prompt_too_long")] * 3 + [_rollout([7], "max_tokens_reached")], None),
-        ([{"example_id": 0, "reward": 1.0}] * 4, None),  # no token fields: no verdict
-    ],
-    ids=["all-too-long", "all-failed", "one-trainable", "records-without-tokens"],
-)
-def test_vf_train_fails_when_a_step_had_nothing_to_train(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
-    step_2: list[dict], verdict: str | None,
+def test_a_step_with_nothing_to_train_stops_the_run_loudly(
+    tiny_model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from vfkit.train import phases, run_checks
-    from vfkit.train.data import write_rollouts
+    """Every prompt too long for the server's context: no completion token, nothing trains."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "fixtures" / "train_envs"))
+    import train_testing
 
-    run_dir = tmp_path / "run"
+    from vfkit.errors import VfkitError
+    from vfkit.testing.test_server import TestServer
+    from vfkit.train.phases import train
 
-    def fake_run(*_a: object, **_k: object) -> tuple[Path, float]:
-        write_rollouts(run_dir / "rollouts" / "step_1.jsonl", [[_rollout([5, 6], "stop")] * 2], 0)
-        step_2_file = run_dir / "rollouts" / "step_2.jsonl"
-        if "trajectory" in step_2[0]:  # as the trainer writes them
-            write_rollouts(step_2_file, [step_2[:2], step_2[2:]], 1)
-        else:  # as some other writer might
-            step_2_file.write_text("".join(json.dumps(r) + "\n" for r in step_2))
-        return run_dir, 1.0
-
-    monkeypatch.setattr(phases, "run_phase", fake_run)
-    monkeypatch.setattr(run_checks, "require_static_checks", lambda *_a, **_k: None)  # model "m"
-    config = tmp_path / "c.toml"
-    config.write_text(BASE)
-    code = vf_train([str(config)])
-    err = capsys.readouterr().err
-    if verdict is None:
-        assert code == 0 and "done" in err
-    else:
-        assert code == 1, err
-        assert "first step 2" in err and "trained nothing" in err and "done" not in err
-        assert verdict in err and "max_tokens" in err
+    with TestServer(train_testing.GroupResponder(), max_context=8) as srv:
+        cfg = train_testing.tiny_config(tiny_model_path, tmp_path, srv.base_url)
+        with pytest.raises(VfkitError, match=r"step 1 trained nothing.*8 prompt_too_long"):
+            train(cfg)
+    assert not (tmp_path / cfg.run_name / "metrics.jsonl").exists()  # no step reported done
 
 
 # --- overrides anywhere on the command line (the README's `vf-rl cfg --no-tmux k=v`)

@@ -14,7 +14,6 @@ SIGINT/SIGTERM once: finish the current step, checkpoint, exit 0. Twice: stop no
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
@@ -105,48 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:  # the run is over: a late signal must not interrupt the interpreter's exit
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_IGN)
-    problem = untrained_steps(run_dir)
-    if problem:
-        print(f"vf-train: error: {problem}; outputs in {run_dir}", file=sys.stderr)
-        return 1
     state = "stopped early" if stop.requested else "done"
     print(f"vf-train: {state} in {seconds / 60:.1f} min; outputs in {run_dir}", file=sys.stderr)
     return 0
-
-
-def untrained_steps(run_dir: Path) -> str | None:
-    """Why a run that ended is no success: steps whose rollouts all failed or produced no
-    completion token (e.g. every prompt too long for the context), so nothing could train."""
-    broken: list[tuple[int, dict[str, int]]] = []
-    for path in (run_dir / "rollouts").glob("step_*.jsonl"):
-        records = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
-        if records and not any(_trainable(r) for r in records):
-            reasons: dict[str, int] = {}
-            for r in records:
-                reason = "error" if r.get("error") else str(r.get("stop_condition") or "empty")
-                reasons[reason] = reasons.get(reason, 0) + 1
-            broken.append((int(path.stem.removeprefix("step_")), reasons))
-    if not broken:
-        return None
-    step, reasons = min(broken)
-    why = ", ".join(f"{n} {reason}" for reason, n in sorted(reasons.items()))
-    return (
-        f"{len(broken)} step(s) trained nothing, first step {step}: no rollout produced a "
-        f"completion token ({why}); check trainer.args.max_tokens against the model's context "
-        "and max_seq_len, and the server log"
-    )
-
-
-def _trainable(record: dict) -> bool:
-    """A rollout that did not fail and has at least one completion token (a record without
-    token fields, from another writer, counts as trainable: no false alarm)."""
-    if record.get("error"):
-        return False
-    if "trajectory" not in record:
-        return True
-    return any(
-        (step.get("tokens") or {}).get("completion_ids") for step in record.get("trajectory") or []
-    )
 
 
 if __name__ == "__main__":

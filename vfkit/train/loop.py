@@ -20,12 +20,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from vfkit.errors import VfkitError
 from vfkit.train.advantages import assign_advantages
 from vfkit.train.batches import Batch, BatchSource
 from vfkit.train.config import TrainerArgs
 from vfkit.train.learner import Learner
 from vfkit.train.metrics import MetricsLogger, rollout_metrics
-from vfkit.train.samples import build_samples
+from vfkit.train.samples import build_samples, nothing_to_train
 
 
 @dataclass
@@ -75,6 +76,12 @@ def run_loop(
 
 def train_on(batch: Batch, learner: Learner, args: TrainerArgs) -> dict[str, float]:
     """Advantages -> samples -> one optimizer step; the step's metrics."""
+    if why := nothing_to_train(batch.groups):  # a broken setup, not a bad batch: stop loudly
+        raise VfkitError(
+            f"step {batch.step} trained nothing: no rollout produced a completion token ({why});"
+            " check trainer.args.max_tokens against the model's context and max_seq_len, and"
+            " the server log"
+        )
     kept, groups = assign_advantages(
         batch.groups, scale_rewards=args.scale_rewards,
         zero_truncated=args.zero_truncated_completions, filter_zero=args.filter_zero_advantage,
