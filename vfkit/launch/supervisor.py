@@ -24,6 +24,7 @@ from typing import Protocol
 from urllib.parse import urlparse
 
 from vfkit.errors import VfkitError
+from vfkit.launch.plan import redact
 from vfkit.launch.process import Child, LogTail, Printer, kill_remaining_children
 from vfkit.serve.launcher import health_url, is_healthy, tail
 from vfkit.train.rundir import RunDir
@@ -139,7 +140,7 @@ class Supervisor:
 
     def _start_trainer(self, argv: Sequence[str]) -> None:
         argv = [*argv, f"inference.base_url={self.base_url}"]
-        self.out.say("starting the trainer: " + " ".join(argv))
+        self.out.say("starting the trainer: " + " ".join(redact(argv)))
         self.trainer = Child(
             "trainer", argv, log_path=self.run_dir.trainer_log, echo=self.out,
             env=self.spec.trainer_env,

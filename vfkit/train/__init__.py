@@ -2,7 +2,9 @@
 
 The algorithm is loop.py (one screen); docs/data-path.md maps every stage to its file.
 In data-path order:
-    config.py, config_loader.py, config_errors.py, overrides.py   the TOML -> typed RunConfig
+    config.py, config_fields.py, config_loader.py, config_errors.py, overrides.py
+                      the TOML -> typed RunConfig (config_fields: single-value checks, secrets)
+    run_checks.py     what the config names, checked before training (also vf-rl --dry-run)
     phases.py         what vf-train runs: train, --phase rollout, --phase update (the wiring)
     rundir.py         every path under outputs/<run>/ and the adapter names, both ways
     placement.py      server backend, GPU ids, CPU thread split, server flags
