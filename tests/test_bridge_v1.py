@@ -11,8 +11,8 @@ environments, against vfkit's scripted OpenAI/vLLM-compatible test server on loo
   training samples from the traces; the loss mask covers exactly the model's tokens, on a
   single-turn and a multi-turn environment.
 
-vfkit itself never imports verifiers: the venv installs vfkit with `--no-deps` (its `openai>=3`
-pin clashes with verifiers' `openai<3`; vfkit's SDK runs on openai 2.x).
+vfkit itself never imports verifiers. The venv installs vfkit with `--no-deps`: the SDK needs
+nothing verifiers does not bring besides `datasets`, and the trainer's torch is not needed here.
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+import httpx
 import pytest
+from fastapi import Request
 from openai import AsyncOpenAI
 
 import vfkit as vf
@@ -40,7 +42,10 @@ ORCHESTRATOR = Path(__file__).parent / "bridge_v1" / "orchestrator.py"
 # verifiers' vf-eval by module: vfkit's own `vf-eval` script shares the name in this venv
 EVAL_CLI = "import sys; from verifiers.v1.cli.eval.main import main; sys.argv[0]='vf-eval'; main()"
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+
+def slow(test):
+    """Marks a test that needs the venv: minutes to build once, then cached."""
+    return pytest.mark.slow(pytest.mark.timeout(1800)(test))
 
 
 # ----- the throwaway venv -----
@@ -95,6 +100,55 @@ def local_envs(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.syspath_prepend(str(ROOT / "environments" / env))
 
 
+# ----- vLLM's token-in route, which prime-rl's train client calls -----
+def serve_token_route(server: TestServer) -> TestServer:
+    """Add vLLM's `POST /inference/v1/generate` to a scripted server (before it starts).
+
+    A stand-in until `vfkit.serve` serves this route itself: token ids in (`token_ids`,
+    `sampling_params`), sampled ids and `{"token": "token_id:N", "logprob"}` entries out. The
+    responder sees the decoded prompt as `prompt`; bodies land in `server.requests`.
+    """
+    tok = server.tokenizer
+
+    async def generate(request: Request) -> dict:
+        body = await request.json()
+        prompt_ids, params = body["token_ids"], body.get("sampling_params") or {}
+        view = {**body, "prompt": tok.decode(prompt_ids)}
+        server.requests.append(view)
+        reply = server.responder(view)
+        ids = [*tok.encode(reply if isinstance(reply, str) else reply.content or ""),
+               tok.eos_token_id]
+        limit = params.get("max_tokens") or server.max_context - len(prompt_ids)
+        finish = "length" if len(ids) > limit else "stop"
+        ids = ids[:limit]
+        content = [{"token": f"token_id:{t}", "logprob": server.logprob} for t in ids]
+        return {"choices": [{"index": 0, "token_ids": ids, "finish_reason": finish,
+                             "logprobs": {"content": content}}],
+                "prompt_token_ids": prompt_ids, "mm_placeholders": {}}
+
+    server.app.add_api_route("/inference/v1/generate", generate, methods=["POST"])
+    return server
+
+
+def test_the_token_route_answers_as_vllm_does() -> None:
+    tok = make_tokenizer()
+    prompt = tok.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    seen = []
+    with serve_token_route(TestServer(lambda req: seen.append(req["prompt"]) or "ok")) as server:
+        url = server.base_url.removesuffix("/v1") + "/inference/v1/generate"
+        body = {"model": "m", "token_ids": prompt, "sampling_params": {"max_tokens": 8}}
+        full = httpx.post(url, json=body).json()
+        cut = httpx.post(url, json={**body, "sampling_params": {"max_tokens": 1}}).json()
+    assert seen[0] == tok.decode(prompt)  # the responder sees the decoded prompt
+    ids = [*tok.encode("ok"), tok.eos_token_id]  # "o", "k", then eos: generation stopped
+    assert full["choices"][0]["token_ids"] == ids and full["prompt_token_ids"] == prompt
+    assert full["choices"][0]["finish_reason"] == "stop"
+    assert full["choices"][0]["logprobs"]["content"] == [
+        {"token": f"token_id:{t}", "logprob": -0.5} for t in ids]
+    assert cut["choices"][0]["token_ids"] == ids[:1]
+    assert cut["choices"][0]["finish_reason"] == "length"
+
+
 # ----- scripted models (they see chat messages, or the decoded prompt on the token route) -----
 def _prompt_text(request: dict) -> str:
     if "messages" in request:
@@ -144,6 +198,7 @@ async def vfkit_states(env_id: str, model, rows: list[dict], **env_args) -> dict
 
 
 # ----- verifiers' own eval -----
+@slow
 @pytest.mark.parametrize(("env_id", "model", "n"), [
     ("reverse-text", reverse_model, 8), ("calculator", calculator_model, 3),
 ], ids=["single-turn", "tools"])
@@ -199,6 +254,7 @@ __all__ = ["PlainChat"]
 """
 
 
+@slow
 async def test_a_harness_that_knows_nothing_of_vfkit_is_scored_from_the_trace(
         v1_python: str, local_envs: None, tmp_path: Path) -> None:
     """prime-rl's own examples pin `harness.id = "null"`: the vfkit rubric then reads the trace."""
@@ -223,6 +279,7 @@ async def test_a_harness_that_knows_nothing_of_vfkit_is_scored_from_the_trace(
         assert total == pytest.approx(state["reward"])
 
 
+@slow
 def test_a_failed_vfkit_rollout_fails_its_trace_instead_of_scoring_zero(
         v1_python: str, tmp_path: Path) -> None:
     with TestServer([]) as server:  # an empty script: every model call gets a 400
@@ -252,7 +309,7 @@ def _masked_runs(mask: list[bool]) -> list[tuple[int, int]]:
 def _orchestrate(v1_python: str, tmp_path: Path, env_id: str, model, env_args: dict):
     tokenizer = make_tokenizer()
     tokenizer.save_pretrained(tmp_path / "tokenizer")
-    with TestServer(model) as server:
+    with serve_token_route(TestServer(model)) as server:
         _run([v1_python, str(ORCHESTRATOR), f"vfkit-{env_id}", server.base_url,
               str(tmp_path / "tokenizer"), str(tmp_path / "samples.json"), json.dumps(env_args)],
              "the orchestrator", timeout=600)
@@ -261,6 +318,7 @@ def _orchestrate(v1_python: str, tmp_path: Path, env_id: str, model, env_args: d
     return tokenizer, prompts, samples
 
 
+@slow
 @pytest.mark.parametrize(("env_id", "model", "env_args"), [
     ("reverse-text", reverse_model, {"num_eval_examples": 4}),
     ("guess-number", bisect_model, {"num_eval_examples": 3}),

@@ -44,7 +44,6 @@ def test_malformed_requests_get_400(server):
     assert_error(post(server, "/chat/completions", {**chat, "n": 0}), 400, "n")
     assert_error(post(server, "/chat/completions", {**chat, "temperature": -1}), 400)
     assert_error(post(server, "/chat/completions", {**chat, "messages": [{"x": 1}]}), 400, "role")
-    assert_error(post(server, "/chat/completions", {**chat, "stream": True}), 400, "stream")
     assert_error(post(server, "/completions", {"model": "tiny", "prompt": [99999]}), 400, "token")
     assert_error(post(server, "/completions", {"model": "tiny", "prompt": []}), 400)
     assert_error(post(server, "/load_lora_adapter", {"lora_name": "x"}), 400, "lora_path")

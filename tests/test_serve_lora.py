@@ -11,6 +11,7 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM
 
+from vfkit.lora_fingerprint import fingerprint_dir
 from vfkit.serve.config import ServeConfig
 from vfkit.serve.runner import BackgroundServer
 
@@ -138,8 +139,6 @@ async def test_one_batch_mixes_adapters(server, adapters, scorer):
 
 def test_merged_and_peft_paths_agree(tiny_model_path, adapters):
     """One-adapter batches run merged weights; PEFT's unmerged path must give the same logits."""
-    import json
-
     from vfkit.serve.lora import LoraManager
 
     outs = {}
@@ -148,8 +147,7 @@ def test_merged_and_peft_paths_agree(tiny_model_path, adapters):
         model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).eval()
         lora = LoraManager(model, allowed_dirs=[adapters["allowed"]], merge=merge)
         for name in ("a", "qv"):
-            config = json.loads((adapters[name] / "adapter_config.json").read_text())
-            lora.apply_load(name, adapters[name], config)
+            lora.apply_load(name, lora.check_load(name, str(adapters[name]), inplace=False))
         with torch.inference_mode():
             outs[merge] = [
                 lora.forward(rows, input_ids=ids).logits
@@ -175,3 +173,75 @@ def test_adapter_refusals(server, adapters):
     assert r.status_code == 400 and "max_lora_rank 8" in r.json()["error"]["message"]
     assert load(server, "none", adapters["allowed"] / "missing").status_code == 400
     assert unload(server, "never-loaded").status_code == 404
+
+
+def _cards(server) -> dict[str, dict]:
+    models = httpx.get(server.base_url + "/models").json()["data"]
+    return {m["id"]: m for m in models}
+
+
+def test_load_reports_the_fingerprint_of_the_weights_read(server, adapters, tmp_path_factory):
+    """The fingerprint is exact: equal to the trainer's of the saved file, new after a reload."""
+    r = load(server, "fp", adapters["a"])
+    assert r.status_code == 200, r.text
+    assert "Success" in r.text  # still reads as vLLM's success answer
+    assert r.json()["fingerprint"] == fingerprint_dir(adapters["a"])
+    assert _cards(server)["fp"]["fingerprint"] == fingerprint_dir(adapters["a"])
+    r = load(server, "fp", adapters["b"], inplace=True)  # other weights, same shapes
+    assert r.json()["fingerprint"] == fingerprint_dir(adapters["b"]) != fingerprint_dir(
+        adapters["a"]
+    )
+    assert _cards(server)["fp"]["fingerprint"] == fingerprint_dir(adapters["b"])
+    assert unload(server, "fp").status_code == 200
+
+
+def test_adapter_names_with_dots_load_and_serve(server, adapters, scorer):
+    """PEFT module names cannot hold ".": the server maps client names to its own."""
+    client = openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0)
+    for name, which in (("Qwen2.5-0.5B-step1", "a"), ("exp.v2-step3", "b")):
+        r = load(server, name, adapters[which])
+        assert r.status_code == 200, r.text
+        assert_served_by(scorer, which, generate(client, name), others=[None])
+    assert load(server, "exp.v2-step3", adapters["a"], inplace=True).status_code == 200
+    assert_served_by(scorer, "a", generate(client, "exp.v2-step3"), others=["b"])
+    assert unload(server, "Qwen2.5-0.5B-step1").status_code == 200
+    assert unload(server, "exp.v2-step3").status_code == 200
+
+
+@pytest.mark.parametrize("name", ["base", "__base__", ""])
+def test_adapter_names_cannot_shadow_the_base_or_reserved_names(server, adapters, name):
+    r = load(server, name, adapters["a"])
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "lora_name"
+    assert name not in _cards(server) or name == "base"
+
+
+def test_bad_adapter_files_are_400_naming_the_folder(server, adapters, tmp_path):
+    import shutil
+
+    broken = adapters["allowed"] / "broken"
+    shutil.copytree(adapters["a"], broken)
+    cases = {
+        "not json": "{not json",
+        "a list": "[1, 2]",
+        "rank zero": '{"peft_type": "LORA", "r": 0}',
+        "rank text": '{"peft_type": "LORA", "r": "big"}',
+        "other kind": '{"peft_type": "PREFIX_TUNING"}',
+    }
+    original = (adapters["a"] / "adapter_config.json").read_text()
+    try:
+        for label, text in cases.items():
+            (broken / "adapter_config.json").write_text(text)
+            r = load(server, "broken", broken)
+            assert r.status_code == 400, (label, r.text)
+            assert str(broken.resolve()) in r.json()["error"]["message"], label
+        (broken / "adapter_config.json").write_text(original)
+        (broken / "adapter_model.safetensors").write_bytes(b"truncated")
+        r = load(server, "broken", broken)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "lora_path", r.text
+        shutil.copy(adapters["qv"] / "adapter_model.safetensors", broken)  # fewer modules
+        r = load(server, "broken", broken)
+        assert r.status_code == 400 and "missing LoRA tensors" in r.text, r.text
+        assert "broken" not in _cards(server)
+    finally:
+        shutil.rmtree(broken)

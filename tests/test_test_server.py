@@ -170,3 +170,17 @@ def test_lora_routes_and_models(tmp_path):
         assert twice.status_code == 404
     assert [kind for kind, _ in srv.lora_requests] == ["load"] * 4 + ["unload"] * 2
     assert srv.adapters == {}
+
+
+def test_lora_load_reports_the_adapter_fingerprint(tmp_path):
+    from safetensors.torch import save_file
+
+    from vfkit.lora_fingerprint import fingerprint_dir
+
+    save_file({"w": __import__("torch").ones(2)}, str(tmp_path / "adapter_model.safetensors"))
+    with TestServer("x") as srv:
+        load = {"lora_name": "a.b", "lora_path": str(tmp_path)}
+        r = httpx.post(f"{srv.base_url}/load_lora_adapter", json=load)
+        assert r.json()["fingerprint"] == fingerprint_dir(tmp_path)
+        cards = httpx.get(f"{srv.base_url}/models").json()["data"]
+        assert cards[1]["fingerprint"] == fingerprint_dir(tmp_path)

@@ -1,4 +1,4 @@
-"""`vf-serve MODEL`: the embedded OpenAI-compatible server with runtime LoRA, in the foreground.
+"""`vf-serve MODEL` (or `--model MODEL`): the embedded OpenAI-compatible server, in the foreground.
 
 vf-serve HuggingFaceTB/SmolLM2-135M-Instruct --port 8000 --allowed-adapter-dir outputs/
 """
@@ -14,7 +14,8 @@ import threading
 import time
 
 from vfkit.errors import VfkitError
-from vfkit.serve.config import ServeConfig
+from vfkit.serve.config import DTYPES, LOG_LEVELS, ServeConfig
+from vfkit.serve.limits import DEFAULT_MAX_REQUEST_BYTES
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,7 +23,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="vf-serve",
         description="Serve a model over vLLM's OpenAI-compatible protocol, with runtime LoRA.",
     )
-    p.add_argument("model", help="HF model id or local folder")
+    p.add_argument("model", nargs="?", help="HF model id or local folder")
+    p.add_argument(
+        "--model", dest="model_flag", metavar="MODEL", help="the same as MODEL (vLLM accepts both)"
+    )
     p.add_argument("--served-model-name", help="model id clients send (default: MODEL)")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback)")
     p.add_argument("--port", type=int, default=8000)
@@ -43,20 +47,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--enable-lora", action="store_true", help="accepted for vLLM parity (always on)"
     )
-    p.add_argument("--dtype", default="auto", help="auto | bfloat16 | float16 | float32")
+    p.add_argument("--dtype", default="auto", choices=DTYPES)
     p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
     p.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
     p.add_argument("--max-num-seqs", type=int, default=32, help="sequences decoded together")
     p.add_argument("--max-queue", type=int, default=256, help="waiting sequences before 429")
     p.add_argument("--max-prefill-tokens", type=int, default=4096)
     p.add_argument("--threads", type=int, help="torch threads (default: all cores)")
-    p.add_argument("--log-level", default="info")
+    p.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="render a request's own chat_template (jinja sandbox, time-bounded); default: 400",
+    )
+    p.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=DEFAULT_MAX_REQUEST_BYTES,
+        help="larger request bodies get HTTP 413 (default: 10 MiB)",
+    )
+    p.add_argument("--log-level", default="info", type=str.lower, choices=LOG_LEVELS)
     return p
 
 
 def config_from_args(args: argparse.Namespace) -> ServeConfig:
+    """The config the flags describe; ValueError naming the flag for a value that cannot work."""
+    if args.model and args.model_flag and args.model != args.model_flag:
+        raise ValueError(f"two models given: {args.model!r} and --model {args.model_flag!r}")
+    model = args.model or args.model_flag
+    if not model:
+        raise ValueError("no model given: vf-serve MODEL or vf-serve --model MODEL")
     return ServeConfig(
-        model=args.model,
+        model=model,
         served_model_name=args.served_model_name,
         host=args.host,
         port=args.port,
@@ -71,18 +92,25 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         max_queue=args.max_queue,
         max_prefill_tokens=args.max_prefill_tokens,
         threads=args.threads,
+        trust_request_chat_template=args.trust_request_chat_template,
+        max_request_bytes=args.max_request_bytes,
         log_level=args.log_level,
     )
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:
+        parser.error(str(exc))  # usage + "vf-serve: error: --max-num-seqs must be ...", exit 2
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     _exit_with_parent()
     from vfkit.serve.runner import serve_forever
 
     try:
-        serve_forever(config_from_args(args))
+        serve_forever(config)
     except (VfkitError, ValueError, OSError) as exc:
         print(f"vf-serve: error: {exc}", file=sys.stderr)
         return 1

@@ -10,6 +10,7 @@ import asyncio
 import dataclasses
 import secrets
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -22,17 +23,18 @@ from starlette.exceptions import HTTPException
 from vfkit.serve.config import ServeConfig
 from vfkit.serve.engine import Engine, Sequence
 from vfkit.serve.errors import APIError
+from vfkit.serve.limits import BodyLimit, refuse_unsupported
+from vfkit.serve.prompts import chat_prompt_ids, completion_prompts
 from vfkit.serve.protocol import (
     ChatRequest,
     CompletionRequest,
     LoadLoraRequest,
     UnloadLoraRequest,
-    chat_messages,
-    completion_prompts,
     sampling_params,
 )
 from vfkit.serve.responses import TokenText, chat_response, completion_response
 from vfkit.serve.sampling import SamplingParams
+from vfkit.serve.streaming import start_stream
 
 _DISCONNECT_POLL_S = 1.0
 
@@ -47,9 +49,22 @@ class Server:
         self.tokens = TokenText(self.tokenizer)
         self.created = int(time.time())
 
+    def base_names(self) -> set[str]:
+        """Every `model` value that means the base model."""
+        return {"", self.config.model_id, self.config.model, self.engine.model_path}
+
+    def check_adapter_name(self, name: str) -> None:
+        """400 when an adapter name would shadow the base model (requests could not reach it)."""
+        if name in self.base_names():
+            raise APIError(
+                400,
+                f"lora_name '{name}' is the base model's name; choose another lora_name.",
+                param="lora_name",
+            )
+
     def adapter_for(self, model: str | None) -> str | None:
         """None for the base model; the adapter name for a loaded adapter; else 404."""
-        if model in (None, "", self.config.model_id, self.config.model, self.engine.model_path):
+        if model is None or model in self.base_names():
             return None
         if self.engine.lora.has(model):
             return model
@@ -57,31 +72,21 @@ class Server:
             404, f"The model `{model}` does not exist.", param="model", code="model_not_found"
         )
 
-    def chat_prompt(self, req: ChatRequest) -> list[int]:
-        kwargs = dict(req.chat_template_kwargs or {})
-        try:
-            text = self.tokenizer.apply_chat_template(
-                chat_messages(req.messages),
-                tools=req.tools or None,
-                add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
-                continue_final_message=req.continue_final_message,
-                tokenize=False,
-                **kwargs,
-            )
-        except APIError:
-            raise
-        except Exception as exc:  # jinja errors, bad roles: the request is at fault
-            raise APIError(400, f"Cannot apply the chat template: {exc}", param="messages") from exc
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+    async def chat_prompt(self, req: ChatRequest) -> list[int]:
+        """The prompt's token ids, rendered and tokenized off the event loop."""
+        trust = self.config.trust_request_chat_template
+        return await asyncio.to_thread(
+            chat_prompt_ids, self.tokenizer, req, self.engine.max_model_len, trust_templates=trust
+        )
 
-    async def generate(
+    def submit(
         self,
-        request: Request,
         prompts: list[tuple[list[int], SamplingParams]],
         n: int,
         adapter: str | None,
-    ) -> list[list[Sequence]]:
-        """Run n sequences per (prompt, params) to completion; abort if the client goes away."""
+        on_token: Callable[..., None] | None = None,
+    ) -> tuple[list[list[Sequence]], list[asyncio.Future]]:
+        """Queue n sequences per (prompt, params); each future resolves when its one is done."""
         if not self.engine.alive:
             raise APIError(503, "The generation worker is not running; see the server log.")
         loop = asyncio.get_running_loop()
@@ -97,18 +102,28 @@ class Server:
                         params,
                         adapter,
                         on_done=partial(_resolve_soon, loop, future),
+                        on_token=on_token,
                         generator=self._generator(params.seed, j),
                     )
                 )
             groups.append(group)
+        self.engine.submit([s for g in groups for s in g])
+        return groups, futures
+
+    async def generate(
+        self,
+        request: Request,
+        prompts: list[tuple[list[int], SamplingParams]],
+        n: int,
+        adapter: str | None,
+    ) -> list[list[Sequence]]:
+        """Run n sequences per (prompt, params) to completion; abort if the client goes away."""
+        groups, futures = self.submit(prompts, n, adapter)
         seqs = [s for g in groups for s in g]
-        self.engine.submit(seqs)
         try:
             await _wait_unless_disconnected(asyncio.gather(*futures), request)
         finally:
-            for seq in seqs:
-                if seq.finish_reason is None:
-                    seq.aborted = True
+            abort(seqs)
         errors = [s.error for s in seqs if s.error is not None]
         if errors:
             raise APIError(500, f"Generation failed: {errors[0]!r}")
@@ -117,7 +132,8 @@ class Server:
     def _generator(self, seed: int | None, index: int) -> torch.Generator | None:
         if seed is None:
             return None
-        return torch.Generator(device=self.engine.device).manual_seed(seed + index)
+        # wrapped into torch's 64-bit seed range (seed is validated as a signed 64-bit int)
+        return torch.Generator(device=self.engine.device).manual_seed((seed + index) % 2**64)
 
     def models(self) -> dict[str, Any]:
         base = self.config.model_id
@@ -131,9 +147,20 @@ class Server:
                 "max_model_len": self.engine.max_model_len,
             }
         ]
+        prints = self.engine.lora.fingerprints()
         for name, path in self.engine.lora.paths().items():
-            data.append({**card, "id": name, "root": str(path), "parent": base})
+            data.append(
+                {**card, "id": name, "root": str(path), "parent": base,
+                 "fingerprint": prints.get(name)}
+            )  # fmt: skip
         return {"object": "list", "data": data}
+
+
+def abort(seqs: list[Sequence]) -> None:
+    """Let the engine drop the unfinished ones (their client is gone or the answer failed)."""
+    for seq in seqs:
+        if seq.finish_reason is None:
+            seq.aborted = True
 
 
 def _resolve_soon(loop: asyncio.AbstractEventLoop, future: asyncio.Future, seq: Sequence) -> None:
@@ -169,6 +196,7 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
     server = Server(engine, config)
     app.state.server = server
     _install_errors_and_auth(app, config.api_key)
+    app.add_middleware(BodyLimit, max_bytes=config.max_request_bytes)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -187,39 +215,57 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
         return server.models()
 
     @app.post("/v1/chat/completions")
-    async def chat(req: ChatRequest, request: Request) -> dict[str, Any]:
-        _no_stream(req)
+    async def chat(req: ChatRequest, request: Request) -> Any:
+        refuse_unsupported(req.model_extra or {})
         adapter = server.adapter_for(req.model)
-        prompt_ids = server.chat_prompt(req)
+        prompt_ids = await server.chat_prompt(req)
         params = sampling_params(req, len(prompt_ids), engine.max_model_len)
+        model = req.model or config.model_id
+        if req.stream:
+            return start_stream(server, req, model, [(prompt_ids, params)], adapter)
         (seqs,) = await server.generate(request, [(prompt_ids, params)], req.n, adapter)
-        return chat_response(req, req.model or config.model_id, prompt_ids, seqs, server.tokens)
+        return await asyncio.to_thread(chat_response, req, model, prompt_ids, seqs, server.tokens)
 
     @app.post("/v1/completions")
-    async def completions(req: CompletionRequest, request: Request) -> dict[str, Any]:
-        _no_stream(req)
+    async def completions(req: CompletionRequest, request: Request) -> Any:
+        refuse_unsupported(req.model_extra or {})
         if req.echo:
             raise APIError(400, "echo=true is not supported by the embedded server.", param="echo")
         adapter = server.adapter_for(req.model)
-        prompts = completion_prompts(req, server.tokenizer)
+        prompts = await asyncio.to_thread(
+            completion_prompts, req, server.tokenizer, engine.max_model_len
+        )
         jobs = [(p, sampling_params(req, len(p), engine.max_model_len)) for p in prompts]
-        groups = await server.generate(request, jobs, req.n, adapter)
         model = req.model or config.model_id
-        return completion_response(req, model, prompts, groups, server.tokens)
+        if req.stream:
+            return start_stream(server, req, model, jobs, adapter)
+        groups = await server.generate(request, jobs, req.n, adapter)
+        return await asyncio.to_thread(
+            completion_response, req, model, prompts, groups, server.tokens
+        )
 
     @app.post("/v1/load_lora_adapter")
-    async def load_lora(req: LoadLoraRequest) -> PlainTextResponse:
-        path, adapter_config = engine.lora.check_load(
-            req.lora_name, req.lora_path, req.load_inplace
+    async def load_lora(req: LoadLoraRequest) -> JSONResponse:
+        """vLLM answers plain text; a JSON body that says "Success" also carries the fingerprint
+        of the weights read, which the trainer compares with its own (vfkit.lora_fingerprint)."""
+        server.check_adapter_name(req.lora_name)
+        files = await asyncio.to_thread(
+            engine.lora.check_load, req.lora_name, req.lora_path, req.load_inplace
         )
-        future = engine.call(partial(engine.lora.apply_load, req.lora_name, path, adapter_config))
+        future = engine.call(partial(engine.lora.apply_load, req.lora_name, files))
         try:
             await asyncio.wrap_future(future)
+        except APIError:
+            raise
         except Exception as exc:
             raise APIError(
-                400, f"Loading adapter '{req.lora_name}' from {path} failed: {exc}"
+                400, f"Loading adapter '{req.lora_name}' from {files.path} failed: {exc}",
+                param="lora_path",
             ) from exc
-        return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' added successfully.")
+        message = f"Success: LoRA adapter '{req.lora_name}' added successfully."
+        return JSONResponse(
+            {"message": message, "lora_name": req.lora_name, "fingerprint": files.fingerprint}
+        )
 
     @app.post("/v1/unload_lora_adapter")
     async def unload_lora(req: UnloadLoraRequest) -> PlainTextResponse:
@@ -228,11 +274,6 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
         return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' removed successfully.")
 
     return app
-
-
-def _no_stream(req: ChatRequest | CompletionRequest) -> None:
-    if req.stream:
-        raise APIError(400, "stream=true is not supported by the embedded server.", param="stream")
 
 
 def _install_errors_and_auth(app: FastAPI, api_key: str | None) -> None:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from vfkit.serve.limits import DEFAULT_MAX_REQUEST_BYTES
 
 log = logging.getLogger("vfkit.serve")
 
@@ -29,11 +32,57 @@ class ServeConfig:
     max_queue: int = 256  # waiting sequences before 429
     max_prefill_tokens: int = 4096  # padded prompt tokens prefilled in one forward
     threads: int | None = None  # torch threads; default: all cores
+    trust_request_chat_template: bool = False  # run a request's own chat_template (sandboxed)
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # larger bodies get 413
     log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        self.validate()
 
     @property
     def model_id(self) -> str:
         return self.served_model_name or self.model
+
+    def validate(self) -> None:
+        """ValueError naming the flag (`--max-num-seqs`) of the first value that cannot work."""
+        if not isinstance(self.model, str) or not self.model.strip():
+            raise ValueError("the model is empty: give a hub id or a local folder")
+        if self.served_model_name is not None and not self.served_model_name.strip():
+            raise ValueError("--served-model-name is empty: leave it out or give a name")
+        for name, low, high in _INT_RANGES:
+            value = getattr(self, name)
+            if value is None and name in _OPTIONAL:
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+                flag = "--" + name.replace("_", "-")
+                raise ValueError(f"{flag} must be a whole number in [{low}, {high}], got {value!r}")
+        for name, allowed in _CHOICES.items():
+            if getattr(self, name) not in allowed:
+                flag = "--" + name.replace("_", "-")
+                raise ValueError(
+                    f"unknown {flag} {getattr(self, name)!r}: use one of {', '.join(allowed)}"
+                )
+        if not _DEVICE.fullmatch(str(self.device)):
+            raise ValueError(f"unknown --device {self.device!r}: use auto, cpu, cuda or cuda:N")
+
+
+_BIG = 2**31 - 1
+_INT_RANGES = (
+    ("port", 0, 65535),  # 0: any free port
+    ("max_lora_rank", 1, 4096),
+    ("max_loras", 1, 1024),
+    ("max_model_len", 1, _BIG),
+    ("max_num_seqs", 1, 65536),
+    ("max_queue", 1, _BIG),
+    ("max_prefill_tokens", 1, _BIG),
+    ("threads", 1, 4096),
+    ("max_request_bytes", 1, 2**40),
+)
+_OPTIONAL = {"max_model_len", "threads"}
+DTYPES = ("auto", "bfloat16", "float16", "float32", "half", "float")  # vLLM's aliases too
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+_CHOICES = {"dtype": DTYPES, "log_level": LOG_LEVELS}
+_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
 
 
 def cpu_supports_bf16() -> bool:

@@ -38,6 +38,8 @@ class Sequence:
     params: SamplingParams
     adapter: str | None = None
     on_done: Callable[[Sequence], None] | None = None
+    # streaming: called on the worker thread with (seq, token, logprob, top) for each new token
+    on_token: Callable[[Sequence, int, float | None, Any], None] | None = None
     generator: torch.Generator | None = None
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -324,6 +326,9 @@ class Engine:
                 seq.logprobs.append(logprob)
                 seq.top_logprobs.append(top)
             self._check_finished(seq, token)
+            if seq.on_token is not None:  # after the check: the last token carries the finish
+                wanted = seq.params.logprobs is not None
+                seq.on_token(seq, token, logprob if wanted else None, top if wanted else None)
         self._batch.retire(lambda s: s.finish_reason is not None or s.aborted, self._done)
 
     def _check_finished(self, seq: Sequence, token: int) -> None:

@@ -1,7 +1,11 @@
 """Runtime LoRA adapters on one base model (PEFT multi-adapter), with vLLM's load/unload rules.
 
-Path and name checks run on the HTTP side (`check_load`, `check_unload`); the model itself is
-only changed by `apply_load` / `apply_unload`, which the engine runs between decode steps.
+Path and name checks, and reading the adapter's files, run on the HTTP side (`check_load`,
+`begin_unload`); the model itself is only changed by `apply_load` / `apply_unload`, which the
+engine runs between decode steps. The fingerprint (`vfkit.lora_fingerprint`) is taken over the
+tensors read from the file, before any cast, and those same tensors go into the model: what the
+server reports is what it serves. Client names may contain "." (`Qwen2.5-0.5B-step1`), which
+PEFT module names cannot, so each adapter gets an internal PEFT name (`vfkit_lora_<n>`).
 A batch whose rows all use one adapter (or none) runs the plain model with that adapter merged
 into its weights (see lora_merge.py); a batch that mixes adapters uses PEFT's per-row
 `adapter_names=` forward, which measured faster than splitting the batch per adapter
@@ -13,17 +17,30 @@ from __future__ import annotations
 import json
 import threading
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from vfkit.lora_fingerprint import fingerprint
 from vfkit.serve.errors import APIError
 from vfkit.serve.lora_merge import MergedWeights
 
 BASE = "__base__"  # PEFT's name for "no adapter" in a mixed batch
 _CONFIG_KEYS_FOR_INPLACE = ("r", "lora_alpha", "target_modules", "use_rslora", "use_dora")
 _MIXED = object()  # marker: the rows of a batch use different adapters
+
+
+@dataclass(frozen=True)
+class AdapterFiles:
+    """An adapter folder as read by `check_load`: config, weights as stored, their fingerprint."""
+
+    path: Path
+    config: dict[str, Any]
+    peft_config: Any  # peft.LoraConfig
+    weights: dict[str, torch.Tensor]
+    fingerprint: str
 
 
 class LoraManager:
@@ -41,7 +58,10 @@ class LoraManager:
         self.allowed_dirs = [Path(d).expanduser().resolve() for d in allowed_dirs]
         self.max_lora_rank = max_lora_rank
         self._paths: dict[str, Path] = {}
-        self._configs: dict[str, dict[str, Any]] = {}
+        self._fingerprints: dict[str, str] = {}
+        self._configs: dict[str, dict[str, Any]] = {}  # by client name, on the engine side
+        self._peft_names: dict[str, str] = {}  # client name -> PEFT adapter name
+        self._loads = 0
         self._lock = threading.Lock()
         self._active: str | None = None
         first = next(model.parameters())
@@ -61,15 +81,25 @@ class LoraManager:
         with self._lock:
             return dict(self._paths)
 
+    def fingerprints(self) -> dict[str, str]:
+        """Loaded adapter names and the fingerprints of the weights they were loaded from."""
+        with self._lock:
+            return dict(self._fingerprints)
+
     def has(self, name: str) -> bool:
         with self._lock:
             return name in self._paths
 
-    def check_load(self, name: str, path: str, inplace: bool) -> tuple[Path, dict[str, Any]]:
-        """Validate a load: 400 for a bad name or config, 403 for a path not allowed."""
+    def check_load(self, name: str, path: str, inplace: bool) -> AdapterFiles:
+        """Validate a load and read the files: 400 for a bad name or config, 403 for a path
+        not allowed. Blocking (file reads): call it off the event loop."""
         if not name or not path:
             raise APIError(
                 400, "Both 'lora_name' and 'lora_path' must be provided.", param="lora_name"
+            )
+        if name == BASE:
+            raise APIError(
+                400, f"'{BASE}' is a reserved name; choose another lora_name.", param="lora_name"
             )
         if self.has(name) and not inplace:
             raise APIError(
@@ -87,11 +117,14 @@ class LoraManager:
                 "Start the server with --allowed-adapter-dir <dir containing the adapter>.",
                 param="lora_path",
             )
-        config_file = resolved / "adapter_config.json"
-        if not config_file.is_file():
-            raise APIError(400, f"No adapter_config.json in {resolved}.", param="lora_path")
-        config = json.loads(config_file.read_text())
-        rank = int(config.get("r", 0))
+        config = _read_config(resolved)
+        rank = config.get("r", 8)
+        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+            raise APIError(
+                400,
+                f"adapter_config.json in {resolved}: 'r' must be a positive integer, got {rank!r}.",
+                param="lora_path",
+            )
         if rank > self.max_lora_rank:
             raise APIError(
                 400,
@@ -99,7 +132,9 @@ class LoraManager:
                 "restart the server with a larger --max-lora-rank.",
                 param="lora_path",
             )
-        return resolved, config
+        peft_config = _lora_config(resolved, config)
+        weights = _read_weights(resolved)
+        return AdapterFiles(resolved, config, peft_config, weights, fingerprint(weights))
 
     def begin_unload(self, name: str) -> None:
         """Stop serving `name` at once (404 from now on); the engine frees it once unused."""
@@ -108,34 +143,64 @@ class LoraManager:
                 raise APIError(
                     404, f"The lora adapter '{name}' cannot be found.", param="lora_name"
                 )
+            self._fingerprints.pop(name, None)
 
     # ---- engine side: runs between decode steps ----
-    def apply_load(self, name: str, path: Path, config: dict[str, Any]) -> None:
-        """Load (or replace in place) adapter `name` from `path` into the model."""
-        from peft import PeftModel
-        from peft.utils import load_peft_weights, set_peft_model_state_dict
+    def apply_load(self, name: str, files: AdapterFiles) -> None:
+        """Load (or replace in place) adapter `name` from the tensors `check_load` read."""
+        from peft import PeftModel, get_peft_model
 
         self._drop_merged()
+        config = files.config
         old = self._configs.get(name)
-        if old is not None and all(old.get(k) == config.get(k) for k in _CONFIG_KEYS_FOR_INPLACE):
-            # same shapes: copy the new weights into the existing LoRA modules
-            weights = load_peft_weights(str(path), device=str(self._device))
-            set_peft_model_state_dict(self.model, weights, adapter_name=name)
-        else:
+        same_shapes = old is not None and all(
+            old.get(k) == config.get(k) for k in _CONFIG_KEYS_FOR_INPLACE
+        )
+        if not same_shapes:
             if old is not None:
                 self._delete(name)
+            peft_config = files.peft_config
+            self._loads += 1
+            peft_name = f"vfkit_lora_{self._loads}"
             if isinstance(self.model, PeftModel):
-                self.model.load_adapter(str(path), adapter_name=name)
+                self.model.add_adapter(peft_name, peft_config)
             else:
-                self.model = PeftModel.from_pretrained(self.model, str(path), adapter_name=name)
+                self.model = get_peft_model(self.model, peft_config, adapter_name=peft_name)
+            self._peft_names[name] = peft_name
             self.model.eval()
-            self.model.set_adapter(name)  # load_adapter alone leaves the old one active
-            self._active = name
+            self.model.set_adapter(peft_name)  # add_adapter alone leaves the old one active
+            self._active = peft_name
+        self._configs[name] = config
+        try:
+            self._copy_weights(self._peft_names[name], files.weights)
+        except Exception:
+            with self._lock:  # half-copied weights are served by no one
+                self._paths.pop(name, None)
+                self._fingerprints.pop(name, None)
+            self._delete(name)
+            self._track_layers()
+            raise
+        self.model.requires_grad_(False)
         self.model.to(self._dtype)  # PEFT keeps adapters in fp32; match the base
         with self._lock:
-            self._paths[name] = path
-            self._configs[name] = config
+            self._paths[name] = files.path
+            self._fingerprints[name] = files.fingerprint
         self._track_layers()
+
+    def _copy_weights(self, peft_name: str, weights: dict[str, torch.Tensor]) -> None:
+        """Copy the adapter's tensors into its LoRA modules; every LoRA tensor must match."""
+        from peft.utils import set_peft_model_state_dict
+
+        result = set_peft_model_state_dict(self.model, weights, adapter_name=peft_name)
+        unexpected = [k for k in result.unexpected_keys if "lora_" in k]
+        missing = [k for k in result.missing_keys if "lora_" in k and f".{peft_name}." in k]
+        if unexpected or missing:
+            example = (unexpected or missing)[0].replace(f".{peft_name}", "")
+            raise ValueError(
+                "its weights do not match its adapter_config.json or this model "
+                f"({len(unexpected)} unexpected, {len(missing)} missing LoRA tensors, "
+                f"e.g. {example})"
+            )
 
     def apply_unload(self, name: str) -> None:
         if name in self._configs:
@@ -159,11 +224,14 @@ class LoraManager:
 
     def _delete(self, name: str) -> None:
         self._configs.pop(name, None)
+        peft_name = self._peft_names.pop(name, None)
         if len(self._configs) == 0:
-            self.model = self.model.unload()  # back to the plain HF model
+            if hasattr(self.model, "unload"):
+                self.model = self.model.unload()  # back to the plain HF model
             self._active = None
             return
-        self.model.delete_adapter(name)  # PEFT then activates one of the others itself
+        if peft_name is not None:
+            self.model.delete_adapter(peft_name)  # PEFT then activates one of the others
         self._active = None
 
     def forward(self, adapters: list[str | None], **inputs: Any):
@@ -171,6 +239,7 @@ class LoraManager:
         if not self._configs:
             self.path_counts["plain"] += 1
             return self.model(**inputs)
+        adapters = [self._peft_names[a] if a is not None else None for a in adapters]
         distinct = set(adapters)
         single = next(iter(distinct)) if len(distinct) == 1 else _MIXED
         merged = self._merged
@@ -201,3 +270,51 @@ class LoraManager:
             else:
                 self.model.base_model.disable_adapter_layers()
             self._layers_enabled = enabled
+
+
+def _read_config(folder: Path) -> dict[str, Any]:
+    """adapter_config.json as a dict; 400 naming the file when it is missing or not JSON."""
+    config_file = folder / "adapter_config.json"
+    if not config_file.is_file():
+        raise APIError(400, f"No adapter_config.json in {folder}.", param="lora_path")
+    try:
+        config = json.loads(config_file.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise APIError(400, f"{config_file} is not valid JSON: {exc}", param="lora_path") from exc
+    if not isinstance(config, dict):
+        raise APIError(400, f"{config_file} must hold a JSON object.", param="lora_path")
+    return config
+
+
+def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """The adapter's tensors exactly as stored (no cast), on the CPU; 400 if unreadable."""
+    from peft.utils import load_peft_weights
+
+    try:
+        return load_peft_weights(str(folder), device="cpu")
+    except Exception as exc:  # missing file, truncated or foreign format: the client's folder
+        raise APIError(
+            400, f"Cannot read the adapter weights in {folder}: {exc}", param="lora_path"
+        ) from exc
+
+
+def _lora_config(folder: Path, config: dict[str, Any]) -> Any:
+    """PEFT's LoraConfig from adapter_config.json; 400 naming the folder for a bad field."""
+    from peft import LoraConfig
+
+    kind = config.get("peft_type", "LORA")
+    if kind != "LORA":
+        raise APIError(
+            400, f"{folder} holds a {kind} adapter; only LoRA adapters can be served.",
+            param="lora_path",
+        )
+    fields = {k: v for k, v in config.items() if k in LoraConfig.__dataclass_fields__}
+    try:
+        lora_config = LoraConfig(**fields)
+    except Exception as exc:
+        raise APIError(
+            400, f"adapter_config.json in {folder} is not a usable LoRA config: {exc}",
+            param="lora_path",
+        ) from exc
+    lora_config.inference_mode = True
+    return lora_config

@@ -13,9 +13,11 @@ from vfkit.serve.sampling import SamplingParams
 
 
 class _SamplingRequest(BaseModel):
-    """Fields shared by chat and text completions; unknown fields are accepted and ignored."""
+    """Fields shared by chat and text completions. Unknown fields are accepted and ignored
+    (OpenAI's `user`, `metadata`, ...), except vLLM ones this server cannot honour, which
+    `limits.refuse_unsupported` refuses by name; NaN and infinity are refused everywhere."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
@@ -28,13 +30,14 @@ class _SamplingRequest(BaseModel):
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)
     n: int = Field(1, ge=1, le=128)
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     return_token_ids: bool = False
     return_tokens_as_token_ids: bool = False
     stream: bool = False
+    stream_options: dict[str, Any] | None = None  # {"include_usage": bool}
 
 
 class ChatRequest(_SamplingRequest):
@@ -48,6 +51,7 @@ class ChatRequest(_SamplingRequest):
     tool_choice: str | dict[str, Any] | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    chat_template: str | None = None  # refused unless --trust-request-chat-template
     chat_template_kwargs: dict[str, Any] | None = None
 
     def logprobs_count(self) -> int | None:
@@ -117,30 +121,6 @@ def sampling_params(
     )
 
 
-def completion_prompts(req: CompletionRequest, tokenizer: Any) -> list[list[int]]:
-    """Token ids of each prompt of a completions request (text is tokenized with specials)."""
-    prompt = req.prompt
-    if isinstance(prompt, str):
-        prompts: list[str | list[int]] = [prompt]
-    elif prompt and all(isinstance(p, int) for p in prompt):
-        prompts = [prompt]  # one prompt given as token ids
-    else:
-        prompts = list(prompt)
-    if not prompts:
-        raise APIError(400, "'prompt' must not be empty.", param="prompt")
-    out = []
-    for p in prompts:
-        ids = tokenizer(p)["input_ids"] if isinstance(p, str) else list(p)
-        if not ids:
-            raise APIError(400, "A prompt is empty after tokenization.", param="prompt")
-        if min(ids) < 0 or max(ids) >= len(tokenizer):
-            raise APIError(
-                400, f"Prompt token ids must lie in [0, {len(tokenizer)}).", param="prompt"
-            )
-        out.append(ids)
-    return out
-
-
 def chat_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Normalise OpenAI messages for chat templates: text parts joined, tool arguments as dicts."""
     out = []
@@ -149,6 +129,10 @@ def chat_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             raise APIError(400, "Each message needs a 'role'.", param="messages")
         message = dict(message)
         content = message.get("content")
+        if not isinstance(content, str | list | None):
+            raise APIError(
+                400, "A message's 'content' must be a string or a list of parts.", param="messages"
+            )
         if isinstance(content, list):
             message["content"] = "".join(
                 part.get("text", "") for part in content if isinstance(part, dict)

@@ -70,17 +70,29 @@ def chat_response(
 def _chat_logprobs(seq: Sequence, tokens: TokenText, as_ids: bool) -> dict[str, Any] | None:
     if seq.params.logprobs is None:
         return None
+    return {"content": chat_logprob_entries(seq.output_ids, seq.logprobs, seq.top_logprobs,
+                                            tokens, as_ids)}  # fmt: skip
+
+
+def chat_logprob_entries(
+    ids: list[int],
+    logprobs: list[float],
+    tops: list[list[tuple[int, float]] | None],
+    tokens: TokenText,
+    as_ids: bool,
+) -> list[dict[str, Any]]:
+    """`logprobs.content` entries of chat answers (and of stream chunks) for these tokens."""
 
     def entry(token_id: int, logprob: float) -> dict[str, Any]:
         text = tokens.show(token_id, as_ids)
         return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
 
     content = []
-    for token_id, logprob, top in zip(seq.output_ids, seq.logprobs, seq.top_logprobs, strict=True):
+    for token_id, logprob, top in zip(ids, logprobs, tops, strict=True):
         item = entry(token_id, logprob)
         item["top_logprobs"] = [entry(i, lp) for i, lp in top or []]
         content.append(item)
-    return {"content": content}
+    return content
 
 
 def completion_response(
@@ -119,23 +131,38 @@ def completion_response(
 def _completion_logprobs(seq: Sequence, tokens: TokenText, as_ids: bool) -> dict[str, Any] | None:
     if seq.params.logprobs is None:
         return None
-    strings = [tokens.show(t, as_ids) for t in seq.output_ids]
-    offsets, offset = [], 0
+    return completion_logprobs(
+        seq.output_ids, seq.logprobs, seq.top_logprobs, tokens, as_ids,
+        top_k=seq.params.logprobs, offset=0,
+    )  # fmt: skip
+
+
+def completion_logprobs(
+    ids: list[int],
+    logprobs: list[float],
+    tops: list[list[tuple[int, float]] | None],
+    tokens: TokenText,
+    as_ids: bool,
+    *,
+    top_k: int,
+    offset: int,
+) -> dict[str, Any]:
+    """Text-completion `logprobs` for these tokens; `offset`: text length before the first."""
+    strings = [tokens.show(t, as_ids) for t in ids]
+    offsets = []
     for s in strings:
         offsets.append(offset)
         offset += len(s)
     top = None
-    if seq.params.logprobs > 0:
+    if top_k > 0:
         top = []
-        for token_id, logprob, alts in zip(
-            seq.output_ids, seq.logprobs, seq.top_logprobs, strict=True
-        ):
+        for token_id, logprob, alts in zip(ids, logprobs, tops, strict=True):
             entry = {tokens.show(i, as_ids): lp for i, lp in alts or []}
             entry.setdefault(tokens.show(token_id, as_ids), logprob)  # vLLM adds the sampled one
             top.append(entry)
     return {
         "tokens": strings,
-        "token_logprobs": list(seq.logprobs),
+        "token_logprobs": list(logprobs),
         "top_logprobs": top,
         "text_offset": offsets,
     }

@@ -32,9 +32,6 @@ Tests of the rollout engine, trainer and CLIs talk real HTTP to it with the real
   exist; reload without load_inplace -> 400; unknown unload -> 404). `.adapters` maps name ->
   path, `.lora_requests` records ("load"|"unload", body); GET /v1/models lists base + adapters.
   Any `model` name is accepted; the recorded request body shows which one was asked for.
-- Token in, token out: POST /inference/v1/generate `{token_ids, sampling_params}` answers like
-  vLLM's endpoint that prime-rl's renderer client calls (`choices[0].token_ids`, logprobs as
-  `{"token": "token_id:N", "logprob"}`); the responder sees the decoded prompt as `prompt`.
 - `api_key`: when set, requests without `Authorization: Bearer <key>` get 401.
 """
 
@@ -55,6 +52,8 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
+
+from vfkit.lora_fingerprint import ADAPTER_WEIGHTS, fingerprint_dir
 
 TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
@@ -139,6 +138,7 @@ class TestServer:
         self.api_key = api_key
         self.requests: list[dict[str, Any]] = []
         self.adapters: dict[str, str] = {}
+        self.fingerprints: dict[str, str | None] = {}
         self.lora_requests: list[tuple[str, dict[str, Any]]] = []
         self._script_pos = 0
         self._failures: list[tuple[int, float | None, str | None]] = []
@@ -372,29 +372,6 @@ class TestServer:
         return {"index": index, "text": s["text"], "finish_reason": s["finish"],
                 "logprobs": logprobs, "prompt_token_ids": prompt_ids, "token_ids": s["ids"]}
 
-    async def _generate_from_ids(self, request: Request) -> JSONResponse:
-        """vLLM's token-in endpoint: prompt ids in, sampled ids + per-token logprobs out."""
-        body = await request.json()
-        prompt_ids = [int(t) for t in body.get("token_ids") or []]
-        params = body.get("sampling_params") or {}
-        view = {**body, "prompt": self.tokenizer.decode(prompt_ids),
-                "max_tokens": params.get("max_tokens"), "stop": params.get("stop")}
-        with self._lock:
-            self.requests.append(view)
-        overflow = self._context_error(len(prompt_ids), view["max_tokens"])
-        if overflow is not None:
-            return overflow
-        limit = view["max_tokens"] or self.max_context - len(prompt_ids)
-        try:
-            sample = self._sample(view, limit)
-        except Exception as e:  # a broken responder surfaces as a 500 naming it
-            return _error(500, f"TestServer responder raised {type(e).__name__}: {e}")
-        content = [{"token": f"token_id:{t}", "logprob": self.logprob} for t in sample["ids"]]
-        choice = {"index": 0, "token_ids": sample["ids"], "logprobs": {"content": content},
-                  "finish_reason": sample["finish"]}
-        return JSONResponse({"request_id": f"gen-{len(self.requests)}", "choices": [choice],
-                             "prompt_token_ids": prompt_ids, "mm_placeholders": {}})
-
     # ----- LoRA and app -----
     def _load_lora(self, body: dict[str, Any]) -> PlainTextResponse | JSONResponse:
         name, path = body.get("lora_name"), body.get("lora_path")
@@ -407,7 +384,11 @@ class TestServer:
         if not Path(path).exists():
             return _error(404, f"No adapter found at {path}")
         self.adapters[name] = path
-        return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
+        weights = Path(path) / ADAPTER_WEIGHTS
+        self.fingerprints[name] = fingerprint_dir(Path(path)) if weights.is_file() else None
+        message = f"Success: LoRA adapter '{name}' added successfully."
+        return JSONResponse({"message": message, "lora_name": name,
+                             "fingerprint": self.fingerprints[name]})
 
     def _unload_lora(self, body: dict[str, Any]) -> PlainTextResponse | JSONResponse:
         name = body.get("lora_name")
@@ -421,7 +402,8 @@ class TestServer:
         base = {"id": self.model, "object": "model", "owned_by": "vfkit", "root": self.model,
                 "parent": None, "max_model_len": self.max_context}
         loras = [{"id": n, "object": "model", "owned_by": "vfkit", "root": p,
-                  "parent": self.model} for n, p in self.adapters.items()]
+                  "parent": self.model, "fingerprint": self.fingerprints.get(n)}
+                 for n, p in self.adapters.items()]
         return {"object": "list", "data": [base, *loras]}
 
     def _build_app(self) -> FastAPI:
@@ -449,10 +431,6 @@ class TestServer:
         @app.post("/v1/completions")
         async def completions(request: Request):
             return await self._generate(request, chat=False)
-
-        @app.post("/inference/v1/generate")
-        async def generate_from_ids(request: Request):
-            return await self._generate_from_ids(request)
 
         @app.post("/v1/load_lora_adapter")
         async def load_lora(request: Request):
