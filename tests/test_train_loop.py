@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from vfkit.errors import VfkitError
-from vfkit.testing.test_server import TestServer
+from vfkit.testing.scripted_server import TestServer
 from vfkit.train.trainer import StopFlag, train
 
 torch.set_num_threads(2)

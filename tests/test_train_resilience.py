@@ -15,7 +15,7 @@ import torch
 import uvicorn
 
 from vfkit.errors import AdapterSyncError
-from vfkit.testing.test_server import TestServer
+from vfkit.testing.scripted_server import TestServer
 from vfkit.testing.tiny_model import make_tokenizer
 from vfkit.train.adapter_sync import AdapterSync
 from vfkit.train.orchestrator import Orchestrator

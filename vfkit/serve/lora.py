@@ -19,13 +19,14 @@ import threading
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from vfkit.lora_fingerprint import fingerprint
 from vfkit.serve.errors import APIError
-from vfkit.serve.lora_merge import MergedWeights
+
+if TYPE_CHECKING:  # torch is imported by whoever built the model; the HTTP side needs none
+    import torch
+
+    from vfkit.serve.lora_merge import MergedWeights
 
 BASE = "__base__"  # PEFT's name for "no adapter" in a mixed batch
 _CONFIG_KEYS_FOR_INPLACE = ("r", "lora_alpha", "target_modules", "use_rslora", "use_dora")
@@ -40,7 +41,7 @@ class AdapterFiles:
     config: dict[str, Any]
     peft_config: Any  # peft.LoraConfig
     weights: dict[str, torch.Tensor]
-    fingerprint: str
+    fingerprint: str | None  # None only from the scripted test server (folder without weights)
 
 
 class LoraManager:
@@ -93,21 +94,7 @@ class LoraManager:
     def check_load(self, name: str, path: str, inplace: bool) -> AdapterFiles:
         """Validate a load and read the files: 400 for a bad name or config, 403 for a path
         not allowed. Blocking (file reads): call it off the event loop."""
-        if not name or not path:
-            raise APIError(
-                400, "Both 'lora_name' and 'lora_path' must be provided.", param="lora_name"
-            )
-        if name == BASE:
-            raise APIError(
-                400, f"'{BASE}' is a reserved name; choose another lora_name.", param="lora_name"
-            )
-        if self.has(name) and not inplace:
-            raise APIError(
-                400,
-                f"The lora adapter '{name}' has already been loaded. "
-                "Pass load_inplace=true to replace its weights.",
-                param="lora_name",
-            )
+        check_load_request(name, path, loaded=self.has(name), inplace=inplace)
         resolved = Path(path).expanduser().resolve()
         if not any(resolved.is_relative_to(d) for d in self.allowed_dirs):
             allowed = ", ".join(map(str, self.allowed_dirs)) or "none"
@@ -132,6 +119,8 @@ class LoraManager:
                 "restart the server with a larger --max-lora-rank.",
                 param="lora_path",
             )
+        from vfkit.lora_fingerprint import fingerprint
+
         peft_config = _lora_config(resolved, config)
         weights = _read_weights(resolved)
         return AdapterFiles(resolved, config, peft_config, weights, fingerprint(weights))
@@ -220,6 +209,8 @@ class LoraManager:
         """After a load/unload: adapter layers are enabled; merged variants start afresh."""
         self._layers_enabled = True
         if self._configs and self._merge:
+            from vfkit.serve.lora_merge import MergedWeights
+
             self._merged = MergedWeights(self.model)
 
     def _delete(self, name: str) -> None:
@@ -270,6 +261,25 @@ class LoraManager:
             else:
                 self.model.base_model.disable_adapter_layers()
             self._layers_enabled = enabled
+
+
+def check_load_request(name: str, path: str, *, loaded: bool, inplace: bool) -> None:
+    """vLLM's rules for a load request's name (shared with the scripted test server)."""
+    if not name or not path:
+        raise APIError(
+            400, "Both 'lora_name' and 'lora_path' must be provided.", param="lora_name"
+        )
+    if name == BASE:
+        raise APIError(
+            400, f"'{BASE}' is a reserved name; choose another lora_name.", param="lora_name"
+        )
+    if loaded and not inplace:
+        raise APIError(
+            400,
+            f"The lora adapter '{name}' has already been loaded. "
+            "Pass load_inplace=true to replace its weights.",
+            param="lora_name",
+        )
 
 
 def _read_config(folder: Path) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
-from vfkit.testing.test_server import Reply, TestServer
+from vfkit.testing.scripted_server import Reply, TestServer
 from vfkit.testing.tiny_model import make_tokenizer
 
 IDS = {"return_token_ids": True}
@@ -57,7 +57,7 @@ async def test_no_token_ids_unless_asked():
             model="m", messages=[{"role": "user", "content": "x"}]
         )
     data = resp.model_dump()
-    assert "prompt_token_ids" not in data and "token_ids" not in data["choices"][0]
+    assert data.get("prompt_token_ids") is None and data["choices"][0].get("token_ids") is None
 
 
 async def test_tool_calls_from_text_and_verbatim():
@@ -151,7 +151,8 @@ def test_lora_routes_and_models(tmp_path):
     with TestServer(api_key="k") as srv:
         root = srv.base_url.removesuffix("/v1")
         h = {"Authorization": "Bearer k"}
-        assert httpx.get(f"{root}/health").status_code == 200
+        assert httpx.get(f"{root}/health", headers=h).status_code == 200
+        assert httpx.get(f"{root}/health").status_code == 401  # as vf-serve: every route
         assert httpx.get(f"{srv.base_url}/models").status_code == 401
         load = {"lora_name": "step_1", "lora_path": str(tmp_path)}
         assert httpx.post(f"{srv.base_url}/load_lora_adapter", json=load, headers=h).is_success
