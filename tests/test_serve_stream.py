@@ -125,3 +125,20 @@ def test_model_missing_or_given_twice_is_named(argv, capsys):
     with pytest.raises(SystemExit):
         main(argv)
     assert "model" in capsys.readouterr().err
+
+
+def test_a_client_leaving_mid_stream_frees_its_row(server):
+    import time
+
+    body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 900, "ignore_eos": True,
+            "stream": True}  # fmt: skip
+    stats = server.base_url.removesuffix("/v1") + "/stats"
+    before = httpx.get(stats).json()["aborted"]
+    with httpx.stream("POST", server.base_url + "/chat/completions", json=body) as r:
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: ")  # generation is under way; now hang up
+    deadline = time.monotonic() + 30
+    while httpx.get(stats).json()["aborted"] == before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert httpx.get(stats).json()["aborted"] == before + 1
+    assert httpx.get(stats).json()["running"] == 0
