@@ -136,37 +136,19 @@ class LoraManager:
 
     # ---- engine side: runs between decode steps ----
     def apply_load(self, name: str, files: AdapterFiles) -> None:
-        """Load (or replace in place) adapter `name` from the tensors `check_load` read."""
-        from peft import PeftModel, get_peft_model
+        """Load (or replace in place) adapter `name` from the tensors `check_load` read.
 
+        If anything fails, `name` is served by no one (never by half-copied weights).
+        """
         self._drop_merged()
-        config = files.config
-        old = self._configs.get(name)
-        same_shapes = old is not None and all(
-            old.get(k) == config.get(k) for k in _CONFIG_KEYS_FOR_INPLACE
-        )
-        if not same_shapes:
-            if old is not None:
-                self._delete(name)
-            peft_config = files.peft_config
-            self._loads += 1
-            peft_name = f"vfkit_lora_{self._loads}"
-            if isinstance(self.model, PeftModel):
-                self.model.add_adapter(peft_name, peft_config)
-            else:
-                self.model = get_peft_model(self.model, peft_config, adapter_name=peft_name)
-            self._peft_names[name] = peft_name
-            self.model.eval()
-            self.model.set_adapter(peft_name)  # add_adapter alone leaves the old one active
-            self._active = peft_name
-        self._configs[name] = config
         try:
-            self._copy_weights(self._peft_names[name], files.weights)
+            self._install(name, files)
         except Exception:
-            with self._lock:  # half-copied weights are served by no one
+            with self._lock:
                 self._paths.pop(name, None)
                 self._fingerprints.pop(name, None)
-            self._delete(name)
+            if name in self._configs:
+                self._delete(name)
             self._track_layers()
             raise
         self.model.requires_grad_(False)
@@ -175,6 +157,27 @@ class LoraManager:
             self._paths[name] = files.path
             self._fingerprints[name] = files.fingerprint
         self._track_layers()
+
+    def _install(self, name: str, files: AdapterFiles) -> None:
+        """Make (or reuse, when the shapes match) the PEFT adapter and copy the weights in."""
+        from peft import PeftModel, get_peft_model
+
+        old = self._configs.get(name)
+        if old is None or any(old.get(k) != files.config.get(k) for k in _CONFIG_KEYS_FOR_INPLACE):
+            if old is not None:
+                self._delete(name)
+            self._loads += 1
+            peft_name = f"vfkit_lora_{self._loads}"
+            self._configs[name], self._peft_names[name] = files.config, peft_name
+            if isinstance(self.model, PeftModel):
+                self.model.add_adapter(peft_name, files.peft_config)
+            else:
+                self.model = get_peft_model(self.model, files.peft_config, adapter_name=peft_name)
+            self.model.eval()
+            self.model.set_adapter(peft_name)  # add_adapter alone leaves the old one active
+            self._active = peft_name
+        self._configs[name] = files.config
+        self._copy_weights(self._peft_names[name], files.weights)
 
     def _copy_weights(self, peft_name: str, weights: dict[str, torch.Tensor]) -> None:
         """Copy the adapter's tensors into its LoRA modules; every LoRA tensor must match."""
@@ -221,7 +224,7 @@ class LoraManager:
                 self.model = self.model.unload()  # back to the plain HF model
             self._active = None
             return
-        if peft_name is not None:
+        if peft_name is not None and peft_name in getattr(self.model, "peft_config", {}):
             self.model.delete_adapter(peft_name)  # PEFT then activates one of the others
         self._active = None
 
