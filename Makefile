@@ -5,8 +5,19 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 ENVS := $(wildcard environments/*/pyproject.toml)
 CONFIG ?= configs/exp.toml
+# vfkit works with openai 2.x and 3.x: the venv has 3.x; the SDK tests run again with 2.x from
+# this folder first on the path (openai itself plus distro, the one dependency 3.x dropped).
+OPENAI2 := .cache/openai2
+SDK_TESTS := tests/test_client.py tests/test_environment.py tests/test_multiturn_env.py \
+	tests/test_singleturn_env.py tests/test_tool_env.py tests/test_stateful_tool_env.py \
+	tests/test_env_group.py tests/test_rubric.py tests/test_rubric_group.py \
+	tests/test_judge_rubric.py tests/test_tool_rubric.py tests/test_math_rubric.py \
+	tests/test_parsers.py tests/test_xml_parser.py tests/test_think_parser.py \
+	tests/test_registry.py tests/test_trajectory_tokens.py tests/test_scripted_server.py \
+	tests/test_eval_cli.py tests/test_eval_config.py tests/test_eval_results.py \
+	tests/test_eval_target.py tests/test_compat_surface.py tests/test_compat_contract.py
 
-.PHONY: install test run lint clean
+.PHONY: install test test-openai2 run lint clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +36,16 @@ install: $(VENV)/.installed
 test: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest
+	$(MAKE) test-openai2
+
+$(OPENAI2)/.installed: | $(VENV)/bin/python
+	$(PIP) install -q --no-deps --target $(OPENAI2) 'openai>=2,<3' 'distro>=1.7,<2'
+	touch $@
+
+# The SDK (envs, client, parsers, rubrics, vf-eval, compat) under openai 2.x (~2 minutes).
+test-openai2: install $(OPENAI2)/.installed
+	PYTHONPATH=$(OPENAI2) $(PY) -c "import openai; assert openai.__version__[0] == '2', openai.__version__"
+	PYTHONPATH=$(OPENAI2) $(VENV)/bin/pytest -m "not slow" $(SDK_TESTS)
 
 run: install
 	$(VENV)/bin/vf-rl $(CONFIG)
@@ -33,4 +54,4 @@ lint: install
 	$(VENV)/bin/ruff check .
 
 clean:
-	rm -rf $(VENV) outputs .pytest_cache .ruff_cache
+	rm -rf $(VENV) outputs .pytest_cache .ruff_cache $(OPENAI2)

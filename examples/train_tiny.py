@@ -15,7 +15,7 @@ import json
 import sys
 
 from vfkit.train.config_loader import parse_config
-from vfkit.train.trainer import train
+from vfkit.train.phases import train
 
 CONFIG = """
 model = "HuggingFaceTB/SmolLM2-135M-Instruct"

@@ -111,3 +111,37 @@ def test_model_folder_name(tmp_path):
     )
     (tmp_path / "tiny-model").mkdir()
     assert model_folder_name(str(tmp_path / "tiny-model")) == "tiny-model"
+
+
+def _lines(n: int) -> list[str]:
+    return [json.dumps(state_to_row(_state(i, 1.0), 0)) for i in range(n)]
+
+
+@pytest.mark.parametrize(
+    ("bad", "why"),
+    [
+        ('{"example_id": 1, "rollout_', "not valid JSON"),
+        ("[1, 2]", "not a JSON object"),
+        ('{"example_id": "one", "rollout_idx": 0}', "integer 'example_id'"),
+        ("\xff\xfe garbage", "not valid JSON"),
+    ],
+)
+def test_a_damaged_line_in_the_middle_is_an_error_naming_file_and_line(tmp_path, bad, why):
+    path = tmp_path / "results.jsonl"
+    good = _lines(3)
+    text = f"{good[0]}\n{bad}\n{good[1]}\n{good[2]}\n"
+    path.write_text(text, errors="surrogateescape")
+    with pytest.raises(ConfigError) as info:
+        load_results(path, repair=True)
+    assert f"{path} line 2" in str(info.value) and why in str(info.value)
+    assert path.read_text(errors="surrogateescape") == text  # nothing cut away
+
+
+def test_a_torn_last_line_is_dropped_with_a_warning_naming_it(tmp_path, caplog):
+    path = tmp_path / "results.jsonl"
+    good = _lines(2)
+    path.write_text(f"{good[0]}\n{good[1]}")  # complete JSON, but the newline never came
+    with caplog.at_level("WARNING", logger="vfkit.evaluation.results"):
+        assert [r["example_id"] for r in load_results(path, repair=True)] == [0]
+    assert f"{path} line 2" in caplog.text and "torn" in caplog.text
+    assert path.read_text() == f"{good[0]}\n"  # appends start on a fresh line

@@ -106,8 +106,8 @@ def test_killed_server_is_restarted_and_the_run_completes(
     assert code == 0, out
     assert "the inference server died" in out and "the trainer is paused" in out
     assert "server is back; the trainer continues" in out
-    assert "re-loaded adapter rl-step" in out  # the current policy is served again ...
-    assert "does not exist" not in out  # ... so no rollout asked for a missing adapter
+    # the trainer re-loads what the new server lacks: no rollout met a missing adapter
+    assert "does not exist" not in out
     metrics = [json.loads(line) for line in (root / "metrics.jsonl").read_text().splitlines()]
     assert sum(m.get("errors", 0) for m in metrics) == 0  # the paused trainer lost no rollout
     assert _state(root)["server_restarts"] == 1 and _state(root)["server_pid"] != first_server

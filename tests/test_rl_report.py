@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from vfkit.launch.report import read_jsonl, reward_fn_keys, series
-from vfkit.launch.rundir import RunDir
 from vfkit.launch.watch import render_text, sparkline
+from vfkit.train.rundir import RunDir
 
 
 def _metrics(step: int) -> dict:

@@ -22,9 +22,6 @@ from pathlib import Path
 import psutil
 import pytest
 
-from vfkit.launch.recovery import Adapter, adapters_to_reload
-from vfkit.launch.rundir import RunDir
-
 SERVER = textwrap.dedent(
     """
     import http.server, os, sys
@@ -78,7 +75,7 @@ DRIVER = textwrap.dedent(
     import json, sys
     from pathlib import Path
     from vfkit.launch.process import Child, become_subreaper
-    from vfkit.launch.rundir import RunDir
+    from vfkit.train.rundir import RunDir
     from vfkit.launch.supervisor import RunSpec, Supervisor
     cfg = json.loads(sys.argv[1])
     run = RunDir(Path(cfg["run"]))
@@ -259,15 +256,3 @@ def test_server_that_fails_to_boot_is_reported_with_its_log(tmp_path: Path) -> N
     assert "exited while starting" in out and "boot failed: no model" in out
     assert not (run.dir / "logs" / "trainer.log").exists()  # no trainer without a server
     assert run.orphans() == []
-
-
-def test_adapters_to_reload_are_the_newest_on_disk_and_in_the_snapshot(tmp_path: Path) -> None:
-    run = RunDir(tmp_path / "run")
-    for step in (1, 2, 3, 4, 5):
-        (run.adapters / f"step_{step}").mkdir(parents=True)
-        (run.adapters / f"step_{step}" / "adapter_config.json").write_text("{}")
-    (run.adapters / "step_6").mkdir()  # being written: no adapter_config.json yet
-    other = Adapter("custom-step9", tmp_path / "elsewhere")
-    chosen = adapters_to_reload(run, [other], limit=3)
-    assert [a.name for a in chosen] == ["custom-step9", "run-step5", "run-step4"]
-    assert chosen[1].path == run.adapters / "step_5"

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from vfkit.train.advantages import assign_advantages, group_advantages
+from vfkit.advantage import group_advantages
+from vfkit.train.advantages import assign_advantages
 
 
 def test_group_mean_baseline_and_std_scaling() -> None:
@@ -42,3 +43,26 @@ def test_zero_truncated_scores_truncated_rollouts_zero() -> None:
     group = [{"reward": 1.0, "is_truncated": True}, {"reward": 0.5}]
     assign_advantages([group], scale_rewards="none", zero_truncated=True, filter_zero=False)
     assert [s["advantage"] for s in group] == [-0.25, 0.25]  # rewards (0, 0.5), mean 0.25
+
+
+async def test_env_and_trainer_share_one_advantage() -> None:
+    """The env's scoring and the trainer's batch agree, per-turn copies included."""
+    import vfkit as vf
+    from vfkit.testing.scripted_server import TestServer
+
+    def exact(completion, answer) -> float:
+        return 1.0 if completion[-1]["content"] == answer else 0.0
+
+    env = vf.SingleTurnEnv(dataset=[{"question": "q", "answer": "yes"}],
+                           rubric=vf.Rubric(funcs=[exact]))
+    with TestServer(["yes", "no", "no"]) as server:
+        group = await env.run_group([{"question": "q", "answer": "yes"}] * 3,
+                                    server.client(), "m")
+    group[2]["error"] = "RolloutError: the server went away"  # a failure after scoring
+    env_advantages = [s["advantage"] for s in group]
+    assert env_advantages == pytest.approx([2 / 3, -1 / 3, -1 / 3])  # mean of 1, 0, 0 = 1/3
+    assign_advantages([group], scale_rewards="none", zero_truncated=False, filter_zero=False)
+    # the failed rollout leaves the baseline: mean of (1, 0) = 0.5
+    assert [s["advantage"] for s in group] == [0.5, -0.5, 0.0]
+    for state in group:  # the trajectory's per-turn copies follow the state's advantage
+        assert all(step["advantage"] == state["advantage"] for step in state["trajectory"])

@@ -14,11 +14,11 @@ from transformers import AutoModelForCausalLM, get_scheduler
 from vfkit.errors import VfkitError
 from vfkit.train.checkpoint import (
     find_checkpoint,
-    list_checkpoints,
     load_checkpoint,
     policy_dirs,
     save_checkpoint,
 )
+from vfkit.train.rundir import RunDir
 
 
 def setup(model_path: Path, seed: int):
@@ -44,7 +44,7 @@ def test_save_and_restore_is_exact(tiny_model_path: Path, tmp_path: Path) -> Non
     step(model, opt, sched)
     policy = tmp_path / "old_policy"
     model.save_pretrained(policy)
-    path = save_checkpoint(tmp_path, 1, model=model, optimizer=opt, scheduler=sched,
+    path = save_checkpoint(RunDir(tmp_path), 1, model=model, optimizer=opt, scheduler=sched,
                            state={"policy_version": 1, "data_cursor": 2}, policies={7: policy},
                            total_limit=0)
     expected_rng = (random.random(), np.random.rand(), torch.rand(1))
@@ -66,17 +66,18 @@ def test_save_and_restore_is_exact(tiny_model_path: Path, tmp_path: Path) -> Non
 def test_prune_and_find_latest(tiny_model_path: Path, tmp_path: Path) -> None:
     model, opt, sched = setup(tiny_model_path, seed=0)
     for s in (1, 2, 3):
-        save_checkpoint(tmp_path, s, model=model, optimizer=opt, scheduler=sched,
+        save_checkpoint(RunDir(tmp_path), s, model=model, optimizer=opt, scheduler=sched,
                         state={"policy_version": s}, policies={}, total_limit=2)
-    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_2", "step_3"]
-    assert find_checkpoint(tmp_path, None).name == "step_3"
-    assert find_checkpoint(tmp_path, str(tmp_path / "checkpoints" / "step_2")).name == "step_2"
-    assert find_checkpoint(tmp_path, str(tmp_path)).name == "step_3"  # a run dir: its latest
+    assert [p.name for p in RunDir(tmp_path).list_checkpoints()] == ["step_2", "step_3"]
+    run = RunDir(tmp_path)
+    assert find_checkpoint(run, None).name == "step_3"
+    assert find_checkpoint(run, str(run.checkpoint_dir(2))).name == "step_2"
+    assert find_checkpoint(run, str(tmp_path)).name == "step_3"  # a run dir: its latest
 
 
 def test_partial_checkpoints_are_ignored(tmp_path: Path) -> None:
     (tmp_path / "checkpoints" / ".step_5.tmp").mkdir(parents=True)  # killed while writing
     (tmp_path / "checkpoints" / "step_4").mkdir()  # no state.json: not complete
-    assert list_checkpoints(tmp_path) == []
+    assert RunDir(tmp_path).list_checkpoints() == []
     with pytest.raises(VfkitError, match="no checkpoint under"):
-        find_checkpoint(tmp_path, None)
+        find_checkpoint(RunDir(tmp_path), None)

@@ -19,15 +19,18 @@ from rich.console import Console
 
 from vfkit.errors import AdapterSyncError, ConfigError, VfkitError
 from vfkit.testing.scripted_server import TestServer
+from vfkit.train.batches import Batch
 from vfkit.train.config import RunConfig
 from vfkit.train.config_loader import world_size
 from vfkit.train.data import DataOrder, dataset_rows
-from vfkit.train.inference import device_ids, flag_args, inference_server, launcher_kwargs
 from vfkit.train.learner import Learner
+from vfkit.train.loop import train_on
 from vfkit.train.metrics import MetricsLogger
-from vfkit.train.orchestrator import Batch, Orchestrator
+from vfkit.train.orchestrator import Orchestrator
+from vfkit.train.phases import load_data, train
+from vfkit.train.placement import device_ids, flag_args, inference_server, launcher_kwargs
+from vfkit.train.rundir import RunDir
 from vfkit.train.samples import Sample
-from vfkit.train.trainer import load_data, train, train_on
 
 torch.set_num_threads(2)
 CHECKS: dict[str, Callable[..., None]] = {}
@@ -60,9 +63,9 @@ class Ctx:
 
     def learner(self, *overrides: str) -> Learner:
         cfg = self.cfg(*overrides)
-        run_dir = self.tmp / cfg.run_name
-        run_dir.mkdir(parents=True, exist_ok=True)
-        return Learner(cfg, run_dir)
+        run = RunDir(self.tmp / cfg.run_name)
+        run.root.mkdir(parents=True, exist_ok=True)
+        return Learner(cfg, run)
 
     def batch(self, *overrides: str, responder=None) -> tuple[Batch, list[dict]]:
         """Generate batch 1 through the TestServer; return it and the request bodies."""
@@ -71,8 +74,9 @@ class Ctx:
         with TestServer(responder or train_testing.GroupResponder()) as srv:
             cfg = self.cfg(*overrides, base_url=srv.base_url)
             env, rows, _, _ = load_data(cfg, _tokenizer(self.model))
-            with Orchestrator(env, rows, base_url=srv.base_url, args=cfg.args) as orch:
-                orch.submit(1, 0)
+            with Orchestrator(env, rows, base_url=srv.base_url, args=cfg.args,
+                              run=RunDir(self.tmp / cfg.run_name)) as orch:
+                orch.submit(1)
                 batch = orch.get(1)
             return batch, list(srv.requests)
 
@@ -128,7 +132,7 @@ class Recorder:
 
 def _train_on(groups: list[list[dict]], *overrides: str, ctx: Ctx) -> list[Sample]:
     rec = Recorder()
-    train_on(Batch(1, 0, groups, 0.0), rec, ctx.cfg(*overrides).args)
+    train_on(Batch(1, 0, groups), rec, ctx.cfg(*overrides).args)
     return rec.samples
 
 
@@ -167,7 +171,7 @@ def _eval_env(ctx: Ctx) -> None:
 def _launcher(ctx: Ctx) -> None:
     cfg = ctx.cfg('inference.backend="builtin"', 'inference.host="0.0.0.0"', "inference.port=8123",
                   "inference.args.max_lora_rank=32", "inference.args.enforce_eager=true")
-    kw = launcher_kwargs(cfg, ctx.tmp)
+    kw = launcher_kwargs(cfg, RunDir(ctx.tmp))
     assert (kw["backend"], kw["host"], kw["port"], kw["max_lora_rank"]) == (
         "builtin", "0.0.0.0", 8123, 32)
     assert "--enforce-eager" in kw["extra_args"] and "--max-lora-rank" not in kw["extra_args"]
@@ -192,7 +196,7 @@ def _gpus(ctx: Ctx) -> None:
 @check("inference.base_url")
 def _base_url(ctx: Ctx) -> None:
     cfg = ctx.cfg(base_url="http://127.0.0.1:9/v1/")
-    with inference_server(cfg, ctx.model, ctx.tmp) as url:  # nothing is started
+    with inference_server(cfg, ctx.model, RunDir(ctx.tmp)) as url:  # nothing is started
         assert url == "http://127.0.0.1:9/v1"
 
 
@@ -238,8 +242,9 @@ def _max_concurrent(ctx: Ctx) -> None:
             srv.delay_next(0.4, n=8)
             cfg = ctx.cfg("trainer.args.rollouts_per_example=2", *overrides, base_url=srv.base_url)
             env, rows, _, _ = load_data(cfg, _tokenizer(ctx.model))
-            with Orchestrator(env, rows, base_url=srv.base_url, args=cfg.args) as orch:
-                orch.submit(1, 0)
+            with Orchestrator(env, rows, base_url=srv.base_url, args=cfg.args,
+                              run=RunDir(ctx.tmp / cfg.run_name)) as orch:
+                orch.submit(1)
                 return orch.get(1).generate_s
 
     # 4 groups of 2, each request held 0.4 s: all at once ~0.4 s, one group at a time ~1.6 s
@@ -255,8 +260,9 @@ def _generation_timeout(ctx: Ctx) -> None:
         srv.delay_next(2.0, n=8)
         cfg = ctx.cfg("trainer.args.generation_timeout=0.3", base_url=srv.base_url)
         env, rows, _, _ = load_data(cfg, _tokenizer(ctx.model))
-        with Orchestrator(env, rows, base_url=srv.base_url, args=cfg.args) as orch:
-            orch.submit(1, 0)
+        with Orchestrator(env, rows, base_url=srv.base_url, args=cfg.args,
+                              run=RunDir(ctx.tmp / cfg.run_name)) as orch:
+            orch.submit(1)
             with pytest.raises(VfkitError, match="generation_timeout"):
                 orch.get(1)
 
@@ -333,7 +339,8 @@ def _sync(ctx: Ctx) -> None:
     with TestServer(train_testing.GroupResponder()) as srv:
         cfg = ctx.cfg("trainer.args.sync_timeout=7", base_url=srv.base_url)
         env, rows, _, _ = load_data(cfg, _tokenizer(ctx.model))
-        with Orchestrator(env, rows, base_url=srv.base_url, args=cfg.args) as orch:
+        with Orchestrator(env, rows, base_url=srv.base_url, args=cfg.args,
+                              run=RunDir(ctx.tmp / cfg.run_name)) as orch:
             assert orch.sync.http.timeout.read == 7
     # inf: no probe; finite: the TestServer's constant -0.5 logprobs cannot match the model
     with pytest.raises(AdapterSyncError, match="did not land as trained"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,8 @@ from safetensors.torch import load_file
 
 from vfkit.errors import VfkitError
 from vfkit.testing.scripted_server import TestServer
-from vfkit.train.trainer import StopFlag, train
+from vfkit.train.loop import StopFlag
+from vfkit.train.phases import train
 
 torch.set_num_threads(2)
 
@@ -153,7 +155,7 @@ def test_phases_rollout_then_update(tiny_model_path, tmp_path) -> None:
     h = _helpers()
     with TestServer(h.GroupResponder()) as srv:
         cfg = h.tiny_config(tiny_model_path, tmp_path, srv.base_url, "trainer.args.max_steps=2")
-        from vfkit.train.phases import collect_rollouts, train_from_rollouts
+        from vfkit.train.phases import collect_rollouts
 
         run_dir = collect_rollouts(cfg)
         assert srv.lora_requests == []  # sampling only, with the base model
@@ -162,7 +164,7 @@ def test_phases_rollout_then_update(tiny_model_path, tmp_path) -> None:
     # off-line: the server is gone, the update phase does not need it
     cfg = h.tiny_config(tiny_model_path, tmp_path, "http://127.0.0.1:9/v1",
                         "trainer.args.max_steps=2")
-    train_from_rollouts(cfg)
+    train(cfg, saved_batches=True)
     rows = h.metrics(run_dir)
     assert [m["step"] for m in rows] == [1, 2] and rows[-1]["samples/trained"] == 8
     assert (run_dir / "checkpoints" / "step_2" / "adapter").is_dir()
@@ -188,8 +190,21 @@ def test_rollout_phase_resumes_after_its_last_file(tiny_model_path, tmp_path) ->
 
 
 def test_update_phase_without_rollouts_says_what_to_run(tiny_model_path, tmp_path) -> None:
-    from vfkit.train.phases import train_from_rollouts
-
     cfg = _helpers().tiny_config(tiny_model_path, tmp_path, "http://127.0.0.1:9/v1")
     with pytest.raises(VfkitError, match="--phase rollout"):
-        train_from_rollouts(cfg)
+        train(cfg, saved_batches=True)
+
+
+def test_a_second_trainer_on_the_same_run_is_refused_and_changes_nothing(
+    tiny_model_path, tmp_path
+) -> None:
+    from vfkit.runlock import RunLock, RunLockedError
+
+    h = _helpers()
+    cfg = h.tiny_config(tiny_model_path, tmp_path, "http://127.0.0.1:9/v1")
+    run_dir = tmp_path / cfg.run_name
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text('{"step": 1}\n')
+    with RunLock(run_dir), pytest.raises(RunLockedError, match=str(os.getpid())):
+        train(cfg, resume=True)  # another vf-train --resume holds the run
+    assert (run_dir / "metrics.jsonl").read_text() == '{"step": 1}\n'

@@ -13,13 +13,15 @@ import httpx
 import pytest
 import torch
 import uvicorn
+from safetensors.torch import save_file
 
 from vfkit.errors import AdapterSyncError
 from vfkit.testing.scripted_server import TestServer
 from vfkit.testing.tiny_model import make_tokenizer
 from vfkit.train.adapter_sync import AdapterSync
 from vfkit.train.orchestrator import Orchestrator
-from vfkit.train.trainer import load_data, train
+from vfkit.train.phases import load_data, train
+from vfkit.train.rundir import RunDir
 
 torch.set_num_threads(2)
 
@@ -33,6 +35,7 @@ def adapter_dir(tmp_path: Path, step: int = 1) -> Path:
     path = tmp_path / "adapters" / f"step_{step}"
     path.mkdir(parents=True)
     (path / "adapter_config.json").write_text("{}")
+    save_file({"w": torch.zeros(2)}, str(path / "adapter_model.safetensors"))
     return path
 
 
@@ -127,13 +130,14 @@ def test_generation_reloads_a_lost_adapter_and_keeps_its_rollouts(
                                         "trainer.args.max_concurrent=4")
         env, rows, _, _ = load_data(cfg, make_tokenizer())
         path = adapter_dir(tmp_path / cfg.run_name)
+        run = RunDir(tmp_path / cfg.run_name)
         with Orchestrator(env, rows, base_url=srv.base_url, args=cfg.trainer.args,
-                          adapter_prefix=cfg.run_name) as orch:
-            orch.publish(1, path)
-            name = orch.adapter_name(1)
+                          run=run) as orch:
+            orch.publish(1, path, learner=None)
+            name = run.adapter_name(1)
             lose_adapter(srv, name)
-            orch.submit(1, version=1)
-            batch = orch.get(1)
+            orch.submit(3)  # async_level 1: batch 3 is sampled by policy 1
+            batch = orch.get(3)
         loads = [body for kind, body in srv.lora_requests if kind == "load"]
     assert name == f"{cfg.run_name}-step1"
     assert [b["lora_name"] for b in loads] == [name, name]

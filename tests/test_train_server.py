@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from vfkit.train.trainer import StopFlag, train
+from vfkit.train.loop import StopFlag
+from vfkit.train.phases import train
 
 torch.set_num_threads(1)
 

@@ -12,14 +12,18 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch is imported where a fingerprint is taken, not with this module
+    import torch
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
 def fingerprint(tensors: Mapping[str, torch.Tensor]) -> str:
     """sha256 over (name, dtype, shape, bytes) of every tensor, in sorted name order."""
+    import torch
+
     digest = hashlib.sha256()
     for name in sorted(tensors):
         tensor = tensors[name].detach().to("cpu").contiguous()

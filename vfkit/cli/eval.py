@@ -10,6 +10,7 @@ import argparse
 import logging
 import signal
 import sys
+import traceback
 from pathlib import Path
 
 from rich.console import Console
@@ -27,6 +28,7 @@ from vfkit.evaluation.config import (
     parse_json_object,
     parse_state_columns,
 )
+from vfkit.evaluation.urls import RedactPasswords, redact_text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-a", "--env-args", help="JSON object passed to load_environment")
     p.add_argument("-m", "--model", help=f"model or endpoint-registry id (default {DEFAULT_MODEL})")
     p.add_argument("-b", "--api-base-url", help="base URL of an OpenAI-compatible server")
-    p.add_argument("-k", "--api-key-var", help=f"env var holding the key ({DEFAULT_API_KEY_VAR})")
+    p.add_argument("-k", "--api-key-var",
+                   help=f"env var holding the key ({DEFAULT_API_KEY_VAR} for api.openai.com)")
     p.add_argument("--header", action="append", help="extra HTTP header 'Name: Value' (repeatable)")
     p.add_argument("-e", "--endpoints", type=Path, help="endpoint registry TOML ([[endpoint]])")
     p.add_argument("-n", "--num-examples", type=int, help="examples to evaluate (-1: all)")
@@ -89,6 +92,12 @@ def _terminate(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def _print_traceback(err: Console, exc: BaseException) -> None:
+    """The traceback for -v, with URL passwords redacted like every other line vf-eval prints."""
+    text = "".join(traceback.format_exception(exc))
+    err.print(redact_text(text), markup=False, highlight=False)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `vf-eval`; returns the exit code (0 ok, 1 error, 130 interrupted)."""
     args = build_parser().parse_args(argv)
@@ -99,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         format="%(name)s: %(message)s",
         handlers=[RichHandler(console=err, show_time=False, show_path=False)],
     )
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RedactPasswords())  # a password in -b never reaches the terminal
     if args.verbose:
         logging.getLogger("vfkit").setLevel(logging.DEBUG)
     signal.signal(signal.SIGTERM, _terminate)
@@ -108,17 +119,17 @@ def main(argv: list[str] | None = None) -> int:
         run_eval(config_from_args(args), console=err)
     except VfkitError as exc:
         if args.verbose:
-            err.print_exception()
-        err.print(Text.assemble(("error: ", "bold red"), str(exc)))
+            _print_traceback(err, exc)
+        err.print(Text.assemble(("error: ", "bold red"), redact_text(str(exc))))
         return 1
     except KeyboardInterrupt:
         err.print("[yellow]interrupted[/]")
         return 130
     except Exception as exc:
         if args.verbose:
-            err.print_exception()
+            _print_traceback(err, exc)
         else:
-            message = f"{type(exc).__name__}: {exc} (run with -v for the traceback)"
+            message = redact_text(f"{type(exc).__name__}: {exc} (run with -v for the traceback)")
             err.print(Text.assemble(("error: ", "bold red"), message))
         return 1
     return 0

@@ -5,6 +5,9 @@
     vf-train configs/exp.toml --resume                     # latest checkpoint of the run
     vf-train configs/exp.toml --phase rollout | update     # split sampling and training
 
+Before any weight loads, the config is checked against what it names (vfkit/train/run_checks.py,
+the same checks as `vf-rl --dry-run`): a mistake is one named error, exit 2. A run whose steps
+had nothing to train (every rollout failed or cut before its first token) ends with exit 1.
 SIGINT/SIGTERM once: finish the current step, checkpoint, exit 0. Twice: stop now (exit 130).
 """
 
@@ -56,7 +59,7 @@ def install_stop_handlers(stop) -> None:
 
 def accelerate_argv(cfg, argv: list[str]) -> list[str] | None:
     """The `accelerate launch` command for several trainer GPUs (None: run in this process)."""
-    from vfkit.train.inference import device_ids
+    from vfkit.train.placement import device_ids
 
     devices = device_ids(cfg)[1]
     if len(devices) < 2 or "LOCAL_RANK" in os.environ:
@@ -73,14 +76,18 @@ def main(argv: list[str] | None = None) -> int:
         from vfkit.train.config_loader import load_config
 
         cfg = load_config(args.config, args.overrides)  # every config error, before any model
+        if "LOCAL_RANK" not in os.environ:  # accelerate's ranks: the launching process checked
+            from vfkit.train.run_checks import require_static_checks
+
+            require_static_checks(cfg, server=args.phase != "update")
         relaunch = accelerate_argv(cfg, argv)
         if relaunch:
-            from vfkit.train.inference import device_ids
+            from vfkit.train.placement import device_ids
 
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, device_ids(cfg)[1]))
             os.execv(sys.executable, relaunch)
+        from vfkit.train.loop import StopFlag
         from vfkit.train.phases import run_phase
-        from vfkit.train.trainer import StopFlag
 
         stop = StopFlag()
         install_stop_handlers(stop)

@@ -11,11 +11,11 @@ fit the model's context raises `ContextOverflowError` instead of a generic 400.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import openai
 
+from vfkit.client.sampling import normalize_sampling_args
 from vfkit.errors import ContextOverflowError
 from vfkit.types import Message, Messages, SamplingArgs
 
@@ -27,12 +27,6 @@ OVERFLOW_MARKERS = (
     "prompt is too long",
 )
 
-# Sampling knobs the openai client does not know as keywords: they travel in extra_body.
-EXTRA_BODY_KEYS = (
-    "top_k", "min_p", "repetition_penalty", "return_token_ids", "skip_special_tokens",
-)
-
-
 def is_context_overflow(error: BaseException) -> bool:
     """True when a server error says the prompt (plus max_tokens) exceeds the model's context."""
     if not isinstance(error, openai.BadRequestError):
@@ -42,19 +36,15 @@ def is_context_overflow(error: BaseException) -> bool:
 
 
 def prepare_sampling_args(sampling_args: SamplingArgs | None, message_type: str) -> SamplingArgs:
-    """Copy the args, move vLLM-only knobs into extra_body and ask for token ids + logprobs."""
-    args = copy.deepcopy(dict(sampling_args or {}))
-    extra = dict(args.pop("extra_body", None) or {})
-    for key in EXTRA_BODY_KEYS:
-        if key in args:
-            extra[key] = args.pop(key)
+    """The request's sampling args (see client/sampling.py), asking for token ids + logprobs."""
+    args = normalize_sampling_args(sampling_args)
+    extra = args.setdefault("extra_body", {})
     extra.setdefault("return_token_ids", True)
     if message_type == "chat":
         args.setdefault("logprobs", True)
     elif args.get("logprobs") in (None, True, False):
         args["logprobs"] = 1  # completions take an int: top-k count; the sampled token comes too
-    args["extra_body"] = extra
-    return {k: v for k, v in args.items() if v is not None}
+    return args
 
 
 def cap_max_tokens(args: SamplingArgs, remaining: int) -> SamplingArgs:

@@ -2,14 +2,16 @@
 
 The ids and logprobs are vLLM's: `prompt_token_ids` (top level for chat, per choice for
 completions), `choices[0].token_ids`, and the per-token logprobs. `max_seq_len`, when given,
-follows the trainer's limit: a prompt longer than it is marked `overlong_prompt` (its completion is
-dropped), and a completion that would run past it is cut and marked `is_truncated`.
+follows the trainer's limit (client/limits.py): a prompt longer than it is marked
+`overlong_prompt` (its completion is dropped), and a completion that would run past it is cut
+and marked `is_truncated`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from vfkit.client.limits import SequenceLimits
 from vfkit.types import TokenFields
 
 
@@ -34,14 +36,11 @@ def parse_tokens(response: dict[str, Any], max_seq_len: int | None = None) -> To
         return None
     if len(logprobs) != len(completion_ids):
         return None  # a server that drops some logprobs cannot be trained on safely
-    is_truncated = choice.get("finish_reason") == "length"
-    overlong = False
-    if max_seq_len is not None and len(prompt_ids) > max_seq_len:
-        overlong, is_truncated = True, True
-        prompt_ids, completion_ids, logprobs = prompt_ids[:max_seq_len], [], []
-    elif max_seq_len is not None and len(prompt_ids) + len(completion_ids) > max_seq_len:
-        keep = max_seq_len - len(prompt_ids)
-        completion_ids, logprobs, is_truncated = completion_ids[:keep], logprobs[:keep], True
+    n_prompt, n_completion, overlong = SequenceLimits(max_seq_len).clip(prompt_ids, completion_ids)
+    is_truncated = (choice.get("finish_reason") == "length" or overlong
+                    or n_completion < len(completion_ids))
+    prompt_ids, completion_ids = prompt_ids[:n_prompt], completion_ids[:n_completion]
+    logprobs = logprobs[:n_completion]
     return TokenFields(
         prompt_ids=list(prompt_ids),
         prompt_mask=[0] * len(prompt_ids),

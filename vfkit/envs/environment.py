@@ -15,6 +15,7 @@ reward 0, and the rest of its group and batch carry on.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -23,6 +24,7 @@ from typing import Any
 from datasets import Dataset
 from openai import AsyncOpenAI
 
+from vfkit.advantage import set_group_advantages
 from vfkit.client.chat_call import (
     call_model,
     cap_max_tokens,
@@ -31,6 +33,9 @@ from vfkit.client.chat_call import (
     response_message,
     response_text,
 )
+from vfkit.client.client_config import resolve_client
+from vfkit.client.limits import SequenceLimits
+from vfkit.client.sampling import merge_sampling_args
 from vfkit.client.tokens import parse_tokens
 from vfkit.envs.async_utils import error_text, maybe_await, run_sync
 from vfkit.envs.dataset import clean_messages, format_dataset, format_row, parse_info, select
@@ -173,12 +178,13 @@ class Environment:
     ) -> dict[str, Any] | None:
         """Call the model once; None (state marked prompt_too_long) when the context is full."""
         args = prepare_sampling_args(sampling_args, self.message_type)
-        known = self.known_prompt_len(state)
-        if self.max_seq_len is not None and known is not None:
-            if known >= self.max_seq_len:
+        known, limits = self.known_prompt_len(state), SequenceLimits(self.max_seq_len)
+        budget = None if known is None else limits.completion_budget(known)
+        if budget is not None:
+            if budget <= 0:
                 self.mark_prompt_too_long(state)
                 return None
-            args = cap_max_tokens(args, self.max_seq_len - known)
+            args = cap_max_tokens(args, budget)
         try:
             return await call_model(client, model, prompt, args, tools=tools)
         except ContextOverflowError as e:
@@ -227,13 +233,8 @@ class Environment:
         raise NotImplementedError(f"{type(self).__name__} must implement rollout()")
 
     def merge_sampling_args(self, sampling_args: SamplingArgs | None) -> SamplingArgs:
-        """The environment's default sampling args updated by the caller's (extra_body merged)."""
-        merged = {**self.sampling_args, **(sampling_args or {})}
-        extra = {**(self.sampling_args.get("extra_body") or {}),
-                 **((sampling_args or {}).get("extra_body") or {})}
-        if extra:
-            merged["extra_body"] = extra
-        return merged
+        """The environment's own sampling args under the caller's (client/sampling.py)."""
+        return merge_sampling_args(self.sampling_args, sampling_args)
 
     def wrap_client(self, client: AsyncOpenAI, max_retries: int | None = None) -> AsyncOpenAI:
         """The client with this environment's per-request timeout and retry count."""
@@ -260,7 +261,7 @@ class Environment:
         return state
 
     async def score_states(self, states: list[State], sem: asyncio.Semaphore | None = None) -> None:
-        """Score a group with the rubric; failed rollouts get reward 0; advantage = r - mean."""
+        """Score a group with the rubric; failed rollouts get reward 0 and no advantage."""
         failed = [bool(s.get("error")) for s in states]
         start = time.perf_counter()
         try:
@@ -277,13 +278,9 @@ class Environment:
         for s, was_failed in zip(states, failed, strict=True):
             s["metrics"] = s.get("metrics") or {}
             s["reward"] = 0.0 if was_failed or s.get("reward") is None else float(s["reward"])
-        mean = sum(s["reward"] for s in states) / len(states) if states else 0.0
-        for s in states:
-            s["advantage"] = s["reward"] - mean
             s["timing"]["scoring_ms"] = scoring_ms
             s["timing"]["total_ms"] = s["timing"]["generation_ms"] + scoring_ms
-            for step in s["trajectory"]:
-                step["reward"], step["advantage"] = s["reward"], s["advantage"]
+        set_group_advantages(states)
 
     async def run_rollout(
         self, input: dict[str, Any], client: AsyncOpenAI, model: str,
@@ -299,30 +296,41 @@ class Environment:
         sampling_args: SamplingArgs | None = None, *, score: bool = True,
         max_retries: int | None = None, gen_sem: asyncio.Semaphore | None = None,
         score_sem: asyncio.Semaphore | None = None, gen_sampling_args: SamplingArgs | None = None,
-        state_columns: list[str] | None = None,
+        state_columns: list[str] | None = None, env_client: Any = None,
     ) -> list[State]:
         """Run a group's rollouts concurrently, then score them together (group-level rewards).
 
         `max_retries` overrides the environment's for this call. For callers written against
-        other verifiers versions, `gen_sampling_args` is taken as `sampling_args`, and
-        `state_columns` is accepted (full states are always returned).
+        other verifiers versions: `client` may be a ClientConfig-shaped object (the AsyncOpenAI
+        is built from it), `gen_sampling_args` is taken as `sampling_args`, each state records
+        the `sampling_args` it ran with, and every key in `state_columns` is present in each
+        returned (full) state. Their `env_client` (a remote env server) must be None: vfkit
+        runs rollouts in this process.
         """
+        if env_client is not None:
+            raise ConfigError("run_group(env_client=...): vfkit runs rollouts in-process and "
+                              "has no env-server mode; pass env_client=None")
         if gen_sem is None and self.max_concurrent > 0:
             gen_sem = asyncio.Semaphore(self.max_concurrent)
         sampling_args = sampling_args if sampling_args is not None else gen_sampling_args
-        client = self.wrap_client(client, max_retries)
+        client = self.wrap_client(resolve_client(client), max_retries)
         args = self.merge_sampling_args(sampling_args)
         states = list(await asyncio.gather(
             *(self._rollout_safely(inp, client, model, args, gen_sem) for inp in group_inputs)
         ))
         if score:
             await self.score_states(states, score_sem)
+        for state in states:
+            state["sampling_args"] = copy.deepcopy(args)
+            for column in state_columns or ():
+                state.setdefault(column, None)
         return states
 
     async def generate(
         self, inputs: Dataset | Sequence[dict[str, Any]], client: AsyncOpenAI, model: str,
         sampling_args: SamplingArgs | None = None, *, rollouts_per_example: int = 1,
         max_concurrent: int = -1, max_concurrent_scoring: int = -1, on_group: OnGroup | None = None,
+        state_columns: list[str] | None = None,
     ) -> GenerateOutputs:
         """Run `rollouts_per_example` rollouts per input as groups; states in input order.
 
@@ -339,8 +347,8 @@ class Environment:
 
         async def one_group(row: dict[str, Any]) -> list[State]:
             group = [dict(row) for _ in range(rollouts_per_example)]
-            states = await self.run_group(group, client, model, sampling_args,
-                                          gen_sem=gen_sem, score_sem=score_sem)
+            states = await self.run_group(group, client, model, sampling_args, gen_sem=gen_sem,
+                                          score_sem=score_sem, state_columns=state_columns)
             if on_group is not None:
                 await maybe_await(on_group(states))
             return states
@@ -352,6 +360,15 @@ class Environment:
             for task in tasks:
                 task.cancel()
         return GenerateOutputs(states=[s for g in groups for s in g])
+
+    def _get_eval_inputs(self, num_examples: int = -1,
+                         rollouts_per_example: int = 1) -> list[dict[str, Any]]:
+        """The eval rows, the whole list repeated `rollouts_per_example` times (2026-02 contract).
+
+        Callers that group by example_id (prime-rl, classic generate) regroup them.
+        """
+        rows = [dict(row) for row in self.get_eval_dataset(n=num_examples)]
+        return [dict(row) for _ in range(max(1, rollouts_per_example)) for row in rows]
 
     async def a_evaluate(
         self, client: AsyncOpenAI, model: str, sampling_args: SamplingArgs | None = None,

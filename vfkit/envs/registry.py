@@ -5,16 +5,23 @@ An environment package is an importable module named after its id (`-` -> `_`) t
 "vfkit.environments" (name = id, value = module or "module:function"):
 
     env = vf.load_environment("reverse-text", max_examples=100)
+
+Modules written for classic verifiers 0.1.x (`import verifiers as vf`) load too, through
+`vfkit.compat` (see vfkit/compat/README.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import sys
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from vfkit.errors import EnvironmentNotFoundError
+from vfkit.compat.importer import classic_verifiers, is_stand_in, missing_verifiers
+from vfkit.errors import ConfigError, EnvironmentNotFoundError
 
 ENTRY_POINT_GROUP = "vfkit.environments"
 
@@ -48,28 +55,67 @@ def _not_found(env_id: str, cause: str) -> EnvironmentNotFoundError:
     )
 
 
-def _loader(env_id: str) -> Any:
-    """The load_environment function of `env_id` (entry point first, then module import)."""
-    ep = _entry_points().get(env_id) or _entry_points().get(env_id.replace("_", "-"))
-    if ep is not None:
-        target = ep.load()
-        return target if callable(target) else getattr(target, "load_environment", None)
-    module_name = env_id.replace("-", "_")
+def _classic_fallback(load: Callable[[], Any]) -> Any:
+    """`load()`; when it fails only because verifiers is not installed, again with vfkit's
+    classic surface importable as `verifiers` (a module written for verifiers 0.1.x)."""
     try:
-        module = importlib.import_module(module_name)
+        return load()
+    except ModuleNotFoundError as e:
+        if not missing_verifiers(e):
+            raise
+    with classic_verifiers():
+        return load()
+
+
+def _import(env_id: str, module_name: str) -> Any:
+    """Import the environment's module (EnvironmentNotFoundError when there is none)."""
+    try:
+        return _classic_fallback(lambda: importlib.import_module(module_name))
     except ModuleNotFoundError as e:
         if e.name and module_name.split(".")[0] == e.name.split(".")[0]:
             raise _not_found(env_id, f"no module named {module_name!r}") from e
         raise  # the environment exists but one of its own imports is missing
+
+
+def _loader(env_id: str) -> Any:
+    """The load_environment function of `env_id` (entry point first, then module import)."""
+    ep = _entry_points().get(env_id) or _entry_points().get(env_id.replace("_", "-"))
+    if ep is not None:
+        target = _classic_fallback(ep.load)
+        return target if callable(target) else getattr(target, "load_environment", None)
+    module = _import(env_id, env_id.replace("-", "_"))
     return getattr(module, "load_environment", None)
 
 
+def _is_classic(loader: Any) -> bool:
+    """True when `loader`'s module imported vfkit's classic surface as `verifiers`."""
+    module = sys.modules.get(getattr(loader, "__module__", "") or "")
+    if module is None:
+        return False
+    return any(is_stand_in(value) or str(getattr(value, "__module__", "")).startswith(
+        "vfkit.compat") for value in vars(module).values())
+
+
 def load_environment(env_id: str, **kwargs: Any) -> Any:
-    """Import the environment `env_id` and build it with `kwargs`; sets env_id / env_args."""
+    """Import the environment `env_id` and build it with `kwargs`; sets env_id / env_args.
+
+    A module written for classic verifiers 0.1.x loads through vfkit.compat when the real
+    verifiers is not installed; when it is, the module gets the real one, and an environment
+    built with it is refused (vfkit's engine cannot run it).
+    """
     loader = _loader(env_id)
     if not callable(loader):
         raise _not_found(env_id, "its module has no load_environment() function")
-    env = loader(**kwargs)
+    context = classic_verifiers() if _is_classic(loader) else contextlib.nullcontext()
+    with context:  # lazy `import verifiers` inside load_environment sees the same surface
+        env = loader(**kwargs)
+    if type(env).__module__.split(".")[0] == "verifiers":
+        raise ConfigError(
+            f"environment {env_id!r} was built with the installed verifiers package, not vfkit: "
+            "vfkit runs classic environments through its own compatibility layer, used only "
+            "when verifiers is not installed. Run it in an environment without verifiers "
+            "(pip uninstall verifiers)."
+        )
     env.env_id = env.env_id or env_id
     env.env_args = dict(kwargs)
     return env

@@ -37,12 +37,14 @@ class EvalProgress:
             MofNCompleteColumn(),
             TextColumn("reward {task.fields[reward]}"),
             TextColumn("errors {task.fields[errors]}"),
+            TextColumn("no answer {task.fields[failed]}"),
             TextColumn("{task.fields[rate]} rollouts/s"),
             TimeElapsedColumn(),
             console=console,
         )
         self._task = self._progress.add_task(
-            "rollouts", total=total, completed=already_done, reward="-", errors=0, rate="-"
+            "rollouts", total=total, completed=already_done, reward="-", errors=0, failed=0,
+            rate="-",
         )
         self._already_done = already_done
         self._start = time.monotonic()
@@ -54,8 +56,8 @@ class EvalProgress:
     def __exit__(self, *exc: object) -> None:
         self._progress.stop()
 
-    def update(self, rows: list[dict[str, Any]]) -> None:
-        """Refresh from every row known so far (resumed ones included)."""
+    def update(self, rows: list[dict[str, Any]], failed: int = 0) -> None:
+        """Refresh from every row known so far (resumed ones included); `failed`: not saved."""
         rewards = [r["reward"] for r in rows if isinstance(r.get("reward"), int | float)]
         new = len(rows) - self._already_done
         elapsed = max(time.monotonic() - self._start, 1e-6)
@@ -64,6 +66,7 @@ class EvalProgress:
             completed=len(rows),
             reward=f"{sum(rewards) / len(rewards):.3f}" if rewards else "-",
             errors=sum(1 for r in rows if r.get("error")),
+            failed=failed,
             rate=f"{new / elapsed:.2f}",
         )
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vfkit.errors import ConfigError
+from vfkit.evaluation.urls import check_base_url
 
 _FIELDS = {"id", "model", "url", "key"}
 
@@ -35,6 +36,8 @@ def load_endpoints(path: Path) -> dict[str, Endpoint]:
         data = tomllib.loads(Path(path).read_text())
     except FileNotFoundError:
         raise ConfigError(f"-e/--endpoints: no such file {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"-e/--endpoints: cannot read {path} ({exc}); pass a TOML file") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"-e/--endpoints: {path} is not valid TOML: {exc}") from None
     unknown_tables = set(data) - {"endpoint"}
@@ -58,6 +61,7 @@ def load_endpoints(path: Path) -> dict[str, Endpoint]:
             raise ConfigError(f"{where}: missing or non-string key(s) {missing}")
         if "key" in entry and not isinstance(entry["key"], str):
             raise ConfigError(f"{where}: 'key' is the NAME of an environment variable (a string)")
+        check_base_url(entry["url"], f"{where} ({entry['id']!r}): url")
         if entry["id"] in registry:
             raise ConfigError(f"{where}: id {entry['id']!r} is defined twice")
         registry[entry["id"]] = Endpoint(

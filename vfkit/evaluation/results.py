@@ -1,7 +1,8 @@
 """The files of an eval run: results.jsonl (one row per rollout) and metadata.json.
 
 Rows are appended a whole group at a time, with one `write` and an fsync, so an interrupted run
-leaves complete groups plus at most one torn last line, which `load_results` drops. A resumed run
+leaves complete groups plus at most one torn last line, which `load_results` drops (a damaged
+line anywhere else is an error naming it, never a silent truncation). A resumed run
 reads the (example_id, rollout_idx) pairs already there and skips them.
 
 Read a run back in one line:
@@ -11,6 +12,7 @@ Read a run back in one line:
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import statistics
@@ -21,6 +23,8 @@ from typing import Any
 
 from vfkit.errors import ConfigError
 from vfkit.types import State
+
+log = logging.getLogger(__name__)
 
 RESULTS_FILE = "results.jsonl"
 METADATA_FILE = "metadata.json"
@@ -75,26 +79,58 @@ def state_to_row(state: State, rollout_idx: int, state_columns: list[str] = ()) 
     return _jsonable(row)
 
 
+def _parse_row(line: bytes) -> tuple[dict[str, Any] | None, str]:
+    """One results line as a row, or None and what is wrong with it."""
+    try:
+        row = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return None, f"not valid JSON ({getattr(exc, 'msg', exc)})"
+    if not isinstance(row, dict):
+        return None, "not a JSON object"
+    for key in ("example_id", "rollout_idx"):
+        if not isinstance(row.get(key), int) or isinstance(row.get(key), bool):
+            return None, f"has no integer {key!r}"
+    return row, ""
+
+
 def load_results(path: Path, *, repair: bool = False) -> list[dict[str, Any]]:
-    """Read results.jsonl; a torn last line (killed mid-write) is dropped, cut off if `repair`."""
+    """Read results.jsonl; a damaged line in the middle is a ConfigError naming file and line.
+
+    A kill while writing can only tear the last line: that one (a line without its newline, or
+    an unreadable last line) is dropped with a warning, and cut off the file when `repair`.
+    A rollout written twice counts once.
+    """
     if not path.is_file():
         return []
     data = path.read_bytes()
+    lines = data.splitlines(keepends=True)
     rows: list[dict[str, Any]] = []
     seen: set[tuple[Any, Any]] = set()
     good_end = 0
-    for line in data.splitlines(keepends=True):
-        try:
-            row = json.loads(line) if line.endswith(b"\n") else None
-        except json.JSONDecodeError:
-            row = None
-        if not isinstance(row, dict):
-            break  # only the last line can be torn: stop there
+    for number, line in enumerate(lines, start=1):
+        row, problem = _parse_row(line) if line.strip() else (None, "")
+        if row is not None and not line.endswith(b"\n"):
+            row, problem = None, "ends without a newline"
+        if problem and number == len(lines):
+            log.warning("%s line %d %s: dropped as the torn end of an interrupted write; "
+                        "its rollout runs again", path, number, problem)
+            break
+        if problem:
+            raise ConfigError(
+                f"{path} line {number} is {problem}. Only the last line can be torn by a kill, "
+                "so the file was damaged otherwise: fix or delete that line (its rollout then "
+                "runs again with --resume)"
+            )
         good_end += len(line)
-        key = (row.get("example_id"), row.get("rollout_idx"))
-        if key not in seen:  # never report a rollout twice
-            seen.add(key)
-            rows.append(row)
+        key = (row.get("example_id"), row.get("rollout_idx")) if row else None
+        if key is None:
+            continue  # a blank line
+        if key in seen:
+            log.warning("%s line %d repeats example %s rollout %s; the first one counts",
+                        path, number, *key)
+            continue
+        seen.add(key)
+        rows.append(row)
     if repair and good_end < len(data):
         with path.open("r+b") as f:
             f.truncate(good_end)
@@ -159,14 +195,17 @@ def read_metadata(run_dir: Path) -> dict[str, Any]:
     """metadata.json of an earlier run (for --resume); errors say what to pass instead."""
     path = run_dir / METADATA_FILE
     try:
-        return json.loads(path.read_text())
+        meta = json.loads(path.read_text())
     except FileNotFoundError:
         raise ConfigError(
             f"--resume: {run_dir} has no {METADATA_FILE}; pass the run folder that vf-eval "
             "printed (outputs/evals/<env>--<model>/<run id>)"
         ) from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"--resume: {path} is not valid JSON ({exc.msg})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--resume: {path} is not valid JSON ({exc})") from None
+    if not isinstance(meta, dict):
+        raise ConfigError(f"--resume: {path} is not a JSON object; was it written by vf-eval?")
+    return meta
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:

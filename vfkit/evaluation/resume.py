@@ -7,10 +7,12 @@ model or sampling args would mix two experiments in one results file).
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from vfkit.errors import ConfigError
 from vfkit.evaluation.config import EvalConfig
 from vfkit.evaluation.results import METADATA_FILE, RESULTS_FILE, read_metadata
+from vfkit.evaluation.urls import REDACTED
 
 # EvalConfig field -> (metadata key, flag named in errors)
 _PINNED = {
@@ -36,6 +38,17 @@ def resume_dir(path: Path) -> Path:
     return path
 
 
+def _recorded_base_url(meta: dict, run_dir: Path) -> str | None:
+    """The run's -b URL (an embedded server is started afresh instead, so it is not recorded)."""
+    url = meta.get("base_url")
+    if url and urlsplit(url).password == REDACTED:
+        raise ConfigError(
+            f"--resume: the server URL of {run_dir} held a password, which vf-eval never writes "
+            "down; pass the URL again with -b/--api-base-url"
+        )
+    return url
+
+
 def apply_resumed_settings(cfg: EvalConfig) -> Path:
     """Fill `cfg` from the resumed run's metadata; returns the run folder to append to."""
     if cfg.resume is None:
@@ -55,5 +68,9 @@ def apply_resumed_settings(cfg: EvalConfig) -> Path:
     if not cfg.state_columns:
         cfg.state_columns = list(meta.get("state_columns") or [])
     if cfg.api_base_url is None and meta.get("endpoint_source") == "flag":
-        cfg.api_base_url = meta.get("base_url")  # an embedded server is started afresh instead
+        cfg.api_base_url = _recorded_base_url(meta, run_dir)
+    try:
+        cfg.validate()  # what came from metadata.json passes the same checks as the flags
+    except ConfigError as exc:
+        raise ConfigError(f"--resume: {run_dir / METADATA_FILE} holds a bad value: {exc}") from None
     return run_dir

@@ -8,8 +8,9 @@ group as it lands, and keeps metadata.json up to date, so an interrupted run can
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
-import time
 import uuid
 from collections import defaultdict
 from datetime import datetime
@@ -28,19 +29,18 @@ from vfkit.evaluation.config import (
 )
 from vfkit.evaluation.defaults import eval_defaults
 from vfkit.evaluation.display import EvalProgress, print_summary
+from vfkit.evaluation.failures import FailureTally, ServerStoppedAnswering
+from vfkit.evaluation.recorder import RunRecorder
 from vfkit.evaluation.results import (
     RESULTS_FILE,
-    ResultsWriter,
-    Summary,
     completed_rollouts,
     load_results,
     read_metadata,
-    state_to_row,
-    write_metadata,
 )
 from vfkit.evaluation.resume import apply_resumed_settings
 from vfkit.evaluation.target import Target, open_target
-from vfkit.types import State
+from vfkit.evaluation.urls import redact_url
+from vfkit.runlock import RunLock
 
 log = logging.getLogger(__name__)
 
@@ -81,28 +81,29 @@ async def _generate(
     """Run the missing rollouts; groups of equal size go through one `env.generate` call."""
     from openai import AsyncOpenAI
 
-    client = AsyncOpenAI(
-        base_url=target.base_url,
-        api_key=target.api_key,
-        default_headers=target.headers or None,
-        timeout=cfg.timeout,
-        max_retries=cfg.max_retries,
-    )
     by_size: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for i, row in enumerate(inputs):
         missing = todo.get(row.get("example_id", i))
         if missing:
             by_size[len(missing)].append(row)
-    for size, rows in sorted(by_size.items()):  # partial groups (after a torn write) are few
-        await env.generate(
-            rows,
-            client,
-            target.model,
-            dict(cfg.sampling_args),
-            rollouts_per_example=size,
-            max_concurrent=cfg.max_concurrent,
-            on_group=on_group,
-        )
+    # closed inside the event loop: closing it after the loop ends prints a spurious traceback
+    async with AsyncOpenAI(
+        base_url=target.base_url,
+        api_key=target.api_key,
+        default_headers=target.headers or None,
+        timeout=cfg.timeout,
+        max_retries=cfg.max_retries,
+    ) as client:
+        for size, rows in sorted(by_size.items()):  # partial groups (after a torn write): few
+            await env.generate(
+                rows,
+                client,
+                target.model,
+                dict(cfg.sampling_args),
+                rollouts_per_example=size,
+                max_concurrent=cfg.max_concurrent,
+                on_group=on_group,
+            )
 
 
 def build_metadata(cfg: EvalConfig, target: Target, run_id: str, n: int, r: int) -> dict:
@@ -113,7 +114,7 @@ def build_metadata(cfg: EvalConfig, target: Target, run_id: str, n: int, r: int)
         "env_args": cfg.env_args or {},
         "model": cfg.model,
         "served_model": target.model,
-        "base_url": target.base_url,
+        "base_url": redact_url(target.base_url),  # a password in -b is never written down
         "endpoint_source": target.source,
         "num_examples": n,
         "rollouts_per_example": r,
@@ -127,81 +128,21 @@ def build_metadata(cfg: EvalConfig, target: Target, run_id: str, n: int, r: int)
     }
 
 
-class RunRecorder:
-    """Collects rows as groups finish: saves them, keeps metadata.json current, shows progress."""
-
-    def __init__(
-        self,
-        cfg: EvalConfig,
-        todo: dict[int, list[int]],
-        prior: list[dict[str, Any]],
-        metric_names: list[str],
-        run_dir: Path | None,
-    ) -> None:
-        self.cfg, self.todo = cfg, todo
-        self.rows = list(prior)
-        self.metric_names = list(metric_names)
-        self.run_dir: Path | None = None
-        self.writer: ResultsWriter | None = None
-        if run_dir is not None:
-            self.open(run_dir)
-        self.meta: dict[str, Any] = {}
-        self.progress: EvalProgress | None = None
-        self._start = time.monotonic()
-
-    def open(self, run_dir: Path) -> None:
-        """Save rows and metadata under `run_dir` from now on."""
-        self.run_dir = run_dir
-        self.writer = ResultsWriter(run_dir, self.cfg.save_every)
-
-    def on_group(self, states: list[State]) -> None:
-        """`env.generate` calls this as each group finishes: rows out, display refreshed."""
-        indices = self.todo.get(states[0].get("example_id")) or list(range(len(states)))
-        cols = self.cfg.state_columns
-        group = [state_to_row(s, k, cols) for s, k in zip(states, indices, strict=True)]
-        for state in states:
-            for name in state.get("metrics") or {}:
-                if name not in self.metric_names:
-                    self.metric_names.append(name)
-        self.rows.extend(group)
-        if self.writer is not None and self.writer.add_group(group):
-            self.save_metadata("running")  # a killed run's metadata still tells how far it got
-        if self.progress is not None:
-            self.progress.update(self.rows)
-
-    def summary(self) -> Summary:
-        return Summary.of(self.rows, self.metric_names)
-
-    def save_metadata(self, status: str) -> None:
-        """Flush pending rows and rewrite metadata.json with the aggregates so far."""
-        if self.run_dir is None:
-            return
-        if self.writer is not None:
-            self.writer.flush()
-        summary = self.summary()
-        averages = summary.averages()
-        reward = averages.pop("reward", None)
-        meta = {
-            **self.meta,
-            "status": status,
-            "num_rollouts": summary.num_rollouts,
-            "errors": summary.errors,
-            "truncated": summary.truncated,
-            "avg_reward": reward,
-            "avg_metrics": averages,
-            "duration_s": round(time.monotonic() - self._start, 3),
-        }
-        meta.update({f"avg_{k}": v for k, v in averages.items()})  # classic verifiers' keys
-        write_metadata(self.run_dir, meta)
-
-
 def _load(cfg: EvalConfig) -> tuple[Any, list[dict[str, Any]], int]:
     """The environment, its eval rows and the rollouts per example (flag > pyproject > default)."""
     if not cfg.env_id:
         raise ConfigError("give an environment id: vf-eval ENV_ID -m MODEL (see --help)")
     from vfkit.envs.registry import load_environment
 
-    env = load_environment(cfg.env_id, **(cfg.env_args or {}))
+    try:
+        env = load_environment(cfg.env_id, **(cfg.env_args or {}))
+    except TypeError as exc:  # load_environment(**kwargs) does not take what -a gave it
+        if not cfg.env_args or "argument" not in str(exc):
+            raise
+        raise ConfigError(
+            f"-a/--env-args: {cfg.env_id}'s load_environment does not accept "
+            f"{json.dumps(cfg.env_args)} ({exc}); pass only the arguments it declares"
+        ) from None
     # the environment wraps the client with its own timeout/retries: make those the flags'
     env.timeout, env.max_retries = cfg.timeout, cfg.max_retries
     defaults = {
@@ -233,12 +174,13 @@ def _run(
     console: Console,
 ) -> None:
     """Generate the missing rollouts with a live display; metadata says how it ended."""
+    recorder.failures = FailureTally(redact_url(target.base_url))
     recorder.save_metadata("running")
     total = len(recorder.rows) + sum(map(len, todo.values()))  # saved + still to run
     meta = recorder.meta
     console.print(
         f"{meta['env_id']}: {meta['num_examples']} examples x {meta['rollouts_per_example']} "
-        f"rollouts, model {meta['model']} at {target.base_url}",
+        f"rollouts, model {meta['model']} at {meta['base_url']}",
         markup=False,
         soft_wrap=True,
     )
@@ -246,44 +188,70 @@ def _run(
     try:
         with EvalProgress(console, total, len(recorder.rows)) as recorder.progress:
             asyncio.run(_generate(env, inputs, todo, target, cfg, recorder.on_group))
-        status = "completed"
+        status = recorder.final_status()
+    except ServerStoppedAnswering:
+        status = "incomplete"
+        raise
     finally:
         recorder.save_metadata(status)
-        if status != "completed" and recorder.run_dir is not None:
+        if status not in ("completed", "failed") and recorder.run_dir is not None:
             console.print(f"Stopped early: continue with --resume {recorder.run_dir}", markup=False)
 
 
-def run_eval(cfg: EvalConfig, console: Console | None = None) -> Path | None:
-    """Run the evaluation `cfg` describes; returns the run folder (None when not saving)."""
-    console = console or Console(stderr=True)
-    run_dir = apply_resumed_settings(cfg) if cfg.resume else None
-    env, inputs, r = _load(cfg)
-    if cfg.api_base_url is None:  # with -b and no -m, the server says which model it serves
-        cfg.model = cfg.model or DEFAULT_MODEL
-    if cfg.save_results and run_dir is None and cfg.model:
-        run_dir = new_run_dir(cfg.output_dir, cfg.env_id or "", cfg.model)
-    prior = load_results(run_dir / RESULTS_FILE, repair=True) if cfg.resume and run_dir else []
-    todo = plan_groups(inputs, r, completed_rollouts(prior))
-    recorder = RunRecorder(cfg, todo, prior, _reward_names(env), None)
-    if todo:
-        server_log = run_dir / "server.log" if run_dir is not None else None  # None: temp file
-        with open_target(cfg, console, server_log) as target:
-            cfg.model = cfg.model or target.model
-            if cfg.save_results and run_dir is None:
-                run_dir = new_run_dir(cfg.output_dir, cfg.env_id or "", cfg.model)
-            if run_dir is not None:
-                console.print(f"Run folder: {run_dir}", markup=False, soft_wrap=True)
-                recorder.open(run_dir)
-            run_id = run_dir.name if run_dir is not None else uuid.uuid4().hex[:6]
-            recorder.meta = build_metadata(cfg, target, run_id, len(inputs), r)
-            if cfg.resume and run_dir is not None:  # keep when the run first started
-                first = read_metadata(run_dir)
-                recorder.meta.update(date=first.get("date"), time=first.get("time"),
-                                     resumed_at=datetime.now().isoformat(timespec="seconds"))
-            _run(env, inputs, todo, target, cfg, recorder, console)
-    else:
-        console.print("Nothing left to run: every rollout is already in the results.")
+def _run_missing(
+    cfg: EvalConfig,
+    env: Any,
+    inputs: list[dict[str, Any]],
+    r: int,
+    run_dir: Path | None,
+    recorder: RunRecorder,
+    locks: contextlib.ExitStack,
+    console: Console,
+) -> Path | None:
+    """Open the target, then the run folder (locked), and run what `recorder.todo` lists."""
+    server_log = run_dir / "server.log" if run_dir is not None else None  # None: temp file
+    with open_target(cfg, console, server_log) as target:
+        cfg.model = cfg.model or target.model
+        if cfg.save_results and run_dir is None:
+            run_dir = new_run_dir(cfg.output_dir, cfg.env_id or "", cfg.model)
+        if run_dir is not None:
+            if not cfg.resume:  # a resumed run was locked before its results were read
+                locks.enter_context(RunLock(run_dir))
+            console.print(f"Run folder: {run_dir}", markup=False, soft_wrap=True)
+            recorder.open(run_dir)
+        run_id = run_dir.name if run_dir is not None else uuid.uuid4().hex[:6]
+        recorder.meta = build_metadata(cfg, target, run_id, len(inputs), r)
+        if cfg.resume and run_dir is not None:  # keep when the run first started
+            first = read_metadata(run_dir)
+            recorder.meta.update(date=first.get("date"), time=first.get("time"),
+                                 resumed_at=datetime.now().isoformat(timespec="seconds"))
+        _run(env, inputs, recorder.todo, target, cfg, recorder, console)
+    return run_dir
 
+
+def run_eval(cfg: EvalConfig, console: Console | None = None) -> Path | None:
+    """Run the evaluation `cfg` describes; returns the run folder (None when not saving).
+
+    Raises IncompleteEvalError (after the summary) when rollouts are missing or none scored.
+    """
+    console = console or Console(stderr=True)
+    with contextlib.ExitStack() as locks:
+        run_dir = None
+        if cfg.resume:
+            run_dir = apply_resumed_settings(cfg)
+            locks.enter_context(RunLock(run_dir))  # a second --resume of this run stops here
+        env, inputs, r = _load(cfg)
+        if cfg.api_base_url is None:  # with -b and no -m, the server says which model it serves
+            cfg.model = cfg.model or DEFAULT_MODEL
+        if cfg.save_results and run_dir is None and cfg.model:
+            run_dir = new_run_dir(cfg.output_dir, cfg.env_id or "", cfg.model)
+        prior = load_results(run_dir / RESULTS_FILE, repair=True) if cfg.resume and run_dir else []
+        todo = plan_groups(inputs, r, completed_rollouts(prior))
+        recorder = RunRecorder(cfg, todo, prior, _reward_names(env), expected=len(inputs) * r)
+        if todo:
+            run_dir = _run_missing(cfg, env, inputs, r, run_dir, recorder, locks, console)
+        else:
+            console.print("Nothing left to run: every rollout is already in the results.")
     print_summary(
         Console(),
         recorder.summary(),
@@ -292,4 +260,5 @@ def run_eval(cfg: EvalConfig, console: Console | None = None) -> Path | None:
         seed=str(run_dir or cfg.env_id),
         run_dir=run_dir,
     )
+    recorder.raise_unless_usable()  # errors are not results: missing or unscored runs fail
     return run_dir

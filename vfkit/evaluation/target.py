@@ -26,6 +26,7 @@ from vfkit.evaluation.config import (
     EvalConfig,
 )
 from vfkit.evaluation.endpoints import find_endpoint
+from vfkit.evaluation.urls import is_openai_api, redact_url
 
 log = logging.getLogger(__name__)
 
@@ -46,35 +47,43 @@ class Target:
 
 
 def api_key_from_env(var: str | None, url: str, *, where: str) -> str:
-    """The API key held by env var `var`; a named-but-unset variable is an error."""
-    name = var or DEFAULT_API_KEY_VAR
-    value = os.environ.get(name)
+    """The API key for `url`: from env var `var` when one is named, else only for OpenAI's API.
+
+    OPENAI_API_KEY goes to the OpenAI API unasked, and to any other server only when `-k` or a
+    registry entry's `key` names it: a stray `-b` URL never receives it. A named variable that
+    is unset is an error; an unnamed one for another server means no key ("EMPTY").
+    """
+    if var is None:
+        if not is_openai_api(url):
+            return "EMPTY"  # local servers (vLLM, vf-serve) run without a key by default
+        var = DEFAULT_API_KEY_VAR
+    value = os.environ.get(var)
     if value:
         return value
-    if var is not None or "api.openai.com" in url:
-        raise ConfigError(
-            f"{where}: the API key variable {name} is not set. "
-            f"Export it (export {name}=...) or name another variable with -k/--api-key-var"
-        )
-    return "EMPTY"  # local servers (vLLM, vf-serve) run without a key by default
+    raise ConfigError(
+        f"{where}: the API key variable {var} is not set. "
+        f"Export it (export {var}=...) or name another variable with -k/--api-key-var"
+    )
 
 
 def probe(base_url: str, api_key: str, headers: dict[str, str], timeout: float) -> list[str]:
     """GET {base_url}/models fast: unreachable or key refused -> ServerError; returns model ids."""
     url = base_url.rstrip("/") + "/models"
+    shown = redact_url(base_url)  # a password in the URL is never echoed
     auth = {"Authorization": f"Bearer {api_key}", **headers}
     wait = min(timeout / 2, PROBE_TIMEOUT_S)  # an unreachable server is reported well in time
     try:
         resp = httpx.get(url, headers=auth, timeout=wait)
     except httpx.TransportError as exc:
         reason = f"no answer within {wait:g} s" if isinstance(exc, httpx.TimeoutException) else exc
+        reason = redact_url(str(reason))
         raise ServerError(
-            f"cannot reach {base_url} ({type(exc).__name__}: {reason}). Is a server running "
+            f"cannot reach {shown} ({type(exc).__name__}: {reason}). Is a server running "
             "at that address? Check -b/--api-base-url (it usually ends in /v1)"
         ) from None
     if resp.status_code in (401, 403):
         raise ServerError(
-            f"{base_url} refused the API key (HTTP {resp.status_code}); check the variable "
+            f"{shown} refused the API key (HTTP {resp.status_code}); check the variable "
             "named by -k/--api-key-var (or the registry entry's `key`)"
         )
     if resp.status_code != 200:
@@ -157,6 +166,6 @@ def open_target(cfg: EvalConfig, console: Console, log_path: Path | None) -> Ite
     if not target.model:  # -b without -m: ask for the (first) model the server lists
         target.model = target.served_models[0] if target.served_models else DEFAULT_MODEL
     elif target.served_models and target.model not in target.served_models:
-        log.warning("%s does not list model %r (it serves %s)", target.base_url, target.model,
-                    ", ".join(target.served_models[:5]))
+        log.warning("%s does not list model %r (it serves %s)", redact_url(target.base_url),
+                    target.model, ", ".join(target.served_models[:5]))
     yield target

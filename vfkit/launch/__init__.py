@@ -3,8 +3,8 @@
 main.py       the command line          preflight.py  dry-run checks
 plan.py       what runs where            runner.py     config -> supervisor (server factory)
 supervisor.py foreground run, signals    process.py    children in their own process groups
-recovery.py   adapters after a restart   health.py     /health and log tails
-tmux.py       the tmux session           watch.py      live metrics / log views for panes
+health.py     /health and log tails      tmux.py       the tmux session
+watch.py      live metrics / log views for panes
 report.py     report.html + PNGs         clean.py      remove a run's transient state
-rundir.py     outputs/<run>/ paths and the shared state file
+(run layout and launcher state file: vfkit/train/rundir.py)
 """

@@ -17,7 +17,7 @@ import psutil
 
 from vfkit.errors import VfkitError
 from vfkit.launch import tmux
-from vfkit.launch.rundir import RunDir
+from vfkit.train.rundir import RunDir
 
 TRANSIENT_PATTERNS = ("*.pid", "*.sock", "*.lock")
 OURS = ("vfkit", "vf-rl", "vf-train", "vf-serve", "vllm", "accelerate")

@@ -9,23 +9,40 @@ vf-rl --clean RUN                        remove transient state, keep results
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vfkit.errors import ConfigError, VfkitError
 from vfkit.launch import tmux
-from vfkit.launch.preflight import (
-    Check,
-    check_not_running,
-    check_output_dir,
-    check_port,
-    run_preflight,
-)
-from vfkit.launch.rundir import RunDir, resolve_run_dir
+from vfkit.launch.preflight import Check, check_not_running, run_preflight
+from vfkit.train.rundir import RunDir, resolve_run_dir
 
 if TYPE_CHECKING:
     from vfkit.train.config import RunConfig
+
+
+def seconds(text: str) -> float:
+    """argparse type: a finite number of seconds > 0 (`--health-timeout nan` is refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a finite number of seconds > 0")
+    return value
+
+
+def count(text: str) -> int:
+    """argparse type: a whole number >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number >= 0")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,19 +73,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--health-timeout",
-        type=float,
+        type=seconds,
         default=600.0,
         help="seconds to wait for the server's /health (default 600)",
     )
     p.add_argument(
         "--max-restarts",
-        type=int,
+        type=count,
         default=3,
         help="server restarts allowed if it dies mid-run (default 3)",
     )
     p.add_argument(
         "--stop-timeout",
-        type=float,
+        type=seconds,
         default=900.0,
         help="seconds the trainer may take to finish its step after Ctrl-C",
     )
@@ -77,13 +94,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """Flags and KEY=VALUE overrides in any order (`vf-rl cfg.toml --no-tmux k=v` as README)."""
+    args = build_parser().parse_intermixed_args(argv)
+    if args.resume and "=" in args.resume and not Path(args.resume).exists():
+        args.overrides.append(args.resume)  # `--resume k=v`: k=v is an override
+        args.resume = "latest"
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `vf-rl`; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv and argv[0] in ("report", "watch"):
             return _subcommand(argv[0], argv[1:])
-        args = build_parser().parse_args(argv)
+        args = parse_args(argv)
         if args.clean:
             return _clean(args.clean)
         if not args.config:
@@ -115,7 +141,7 @@ def _subcommand(name: str, argv: list[str]) -> int:
         p.add_argument("--out", type=Path, help="write report.html + report/*.png here instead")
     if name == "watch":
         p.add_argument("--log", choices=("server", "trainer"), help="follow a log instead")
-        p.add_argument("--interval", type=float, default=2.0, help="refresh period in seconds")
+        p.add_argument("--interval", type=seconds, default=2.0, help="refresh period in seconds")
         p.add_argument("--pane", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     run = resolve_run_dir(args.run)
@@ -169,6 +195,7 @@ def _mode(args: argparse.Namespace) -> tuple[str, Check]:
 
 def _run(args: argparse.Namespace) -> int:
     from vfkit.train.config_loader import load_config
+    from vfkit.train.run_checks import require_static_checks
 
     cfg = load_config(args.config, args.overrides)
     mode, mode_check = _mode(args)
@@ -178,8 +205,9 @@ def _run(args: argparse.Namespace) -> int:
 
     plan = make_plan(cfg, args.config, args.overrides, resume=args.resume)
     session = tmux.session_name(args.session or args.tmux_pane or plan.run.name)
-    quick = (check_output_dir(plan.run), check_not_running(plan.run), check_port(cfg), mode_check)
-    for check in quick:
+    if not args.tmux_pane:  # the pane's supervisor runs after these checks passed here
+        require_static_checks(cfg)
+    for check in (check_not_running(plan.run), mode_check):
         if not check.ok:
             raise VfkitError(check.detail)
     if mode == "tmux":
@@ -223,8 +251,17 @@ def _start_tmux(args: argparse.Namespace, run: RunDir, session: str) -> int:
     if args.no_report:
         passthrough.append("--no-report")
     tmux.start_session(session, run, passthrough)
-    if sys.stdout.isatty() and sys.stdin.isatty():
-        return tmux.attach(session)
-    print(f"started tmux session {session!r} for run {run.root}")
-    print(f"  attach: tmux attach -t {session}    live metrics: vf-rl watch {run.root}")
+    return show_session(session, run, interactive=sys.stdout.isatty() and sys.stdin.isatty())
+
+
+def show_session(session: str, run: RunDir, *, interactive: bool) -> int:
+    """Attach to the run's session when on a terminal; otherwise, or when tmux cannot show it
+    here, say where the run is. The run goes on in its session either way: exit 0."""
+    problem = tmux.attach(session) if interactive else "not on a terminal"
+    if problem is None:
+        return 0
+    print(f"the run goes on in tmux session {session!r} (not shown here: {problem})")
+    print(f"  attach:     tmux attach -t {session}  (inside tmux: tmux switch-client -t {session})")
+    print(f"  run folder: {run.root}")
+    print(f"  live metrics: vf-rl watch {run.root}")
     return 0

@@ -10,9 +10,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vfkit.launch.rundir import RunDir
 from vfkit.train.config import RunConfig, gpu_count
-from vfkit.train.inference import choose_backend, device_ids
+from vfkit.train.config_fields import REDACTED, SECRET_KEYS
+from vfkit.train.placement import choose_backend, device_ids
+from vfkit.train.rundir import RunDir
 
 
 @dataclass
@@ -98,9 +99,19 @@ def make_plan(
     )
 
 
+def redact(argv: list[str]) -> list[str]:
+    """argv with the values of secret overrides (`inference.api_key=...`) hidden."""
+    out = []
+    for arg in argv:
+        key, sep, _ = arg.partition("=")
+        secret = sep and key.strip().rsplit(".", 1)[-1] in SECRET_KEYS
+        out.append(f"{key}={REDACTED}" if secret else arg)
+    return out
+
+
 def trainer_display(plan: Plan) -> str:
-    """The trainer command as a user would type it."""
-    argv = plan.trainer.argv
+    """The trainer command as a user would type it (secrets hidden)."""
+    argv = redact(plan.trainer.argv)
     args = argv[argv.index("vfkit.cli.train") + 1 :]
     launcher = (
         f"accelerate launch --num_processes {plan.world_size} " if plan.world_size > 1 else ""

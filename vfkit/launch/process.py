@@ -22,6 +22,8 @@ from typing import IO
 
 import psutil
 
+from vfkit.serve.launcher import DescendantTracker
+
 Echo = Callable[[str, str], None]
 """echo(name, line): show one output line of the child called `name`."""
 
@@ -126,6 +128,10 @@ class Child:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.pid, sig)
 
+    def remember_descendants(self) -> None:
+        """Record the child's descendants while they live (to kill them all at the end)."""
+        self.tracker.refresh()
+
     def pause(self) -> None:
         """SIGSTOP the group: a paused trainer sends nothing to a server that is restarting."""
         self.signal(signal.SIGSTOP)
@@ -160,31 +166,6 @@ class Child:
         code = self.wait(timeout)
         self.kill()
         return code if code is not None else self.returncode
-
-
-class DescendantTracker:
-    """Remembers the descendants of some processes while they live, to kill them later."""
-
-    def __init__(self) -> None:
-        self._procs: dict[int, psutil.Process] = {}
-
-    def add(self, pid: int) -> None:
-        with contextlib.suppress(psutil.Error):
-            self._procs.setdefault(pid, psutil.Process(pid))
-
-    def refresh(self) -> None:
-        """Record the current descendants of every tracked process that still runs."""
-        for proc in list(self._procs.values()):
-            with contextlib.suppress(psutil.Error):
-                for child in proc.children(recursive=True):
-                    self._procs.setdefault(child.pid, child)
-
-    def kill_all(self) -> None:
-        """SIGKILL every tracked process still running (psutil checks pid reuse)."""
-        for proc in self._procs.values():
-            with contextlib.suppress(psutil.Error):
-                if proc.is_running():
-                    proc.kill()
 
 
 def become_subreaper() -> bool:

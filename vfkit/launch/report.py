@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vfkit.launch.rundir import RunDir
+from vfkit.train.rundir import RunDir
 
 SAMPLES_PER_FILE = 3
 MAX_TEXT = 1500

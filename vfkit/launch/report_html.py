@@ -6,7 +6,7 @@ import tomllib
 from typing import Any
 
 from vfkit.launch.report import Chart, esc, series
-from vfkit.launch.rundir import RunDir
+from vfkit.train.rundir import RunDir
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }

@@ -4,63 +4,26 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Any
 
 from vfkit.launch.plan import Plan
-from vfkit.launch.process import DescendantTracker, Printer, become_subreaper
-from vfkit.launch.rundir import RunDir
+from vfkit.launch.process import Printer, become_subreaper
 from vfkit.launch.supervisor import RunSpec, ServerFactory, Supervisor
+from vfkit.serve.launcher import ServerProcess
 from vfkit.train.config import RunConfig
-from vfkit.train.inference import visible_devices
-
-
-class ManagedServer:
-    """A launcher ServerProcess plus what the supervisor needs: kill() that spares nothing."""
-
-    def __init__(self, proc: Any) -> None:
-        self.proc = proc
-        self.base_url: str = proc.base_url
-        self.tracker = DescendantTracker()
-        self.tracker.add(proc.pid)
-
-    @property
-    def pid(self) -> int:
-        return int(self.proc.pid)
-
-    @property
-    def returncode(self) -> int | None:
-        popen = getattr(self.proc, "popen", None) or getattr(self.proc, "process", None)
-        return popen.poll() if popen is not None else None
-
-    def alive(self) -> bool:
-        return bool(self.proc.alive())
-
-    def remember_descendants(self) -> None:
-        """Record engine workers while they live (called every few seconds)."""
-        self.tracker.refresh()
-
-    def stop(self, timeout: float = 10.0) -> int | None:
-        self.tracker.refresh()
-        self.proc.stop(timeout=timeout)
-        self.tracker.kill_all()
-        return self.returncode
-
-    def kill(self) -> None:
-        self.tracker.refresh()
-        self.proc.stop(timeout=0.5)
-        self.tracker.kill_all()
+from vfkit.train.placement import visible_devices
+from vfkit.train.rundir import RunDir
 
 
 def server_factory(cfg: RunConfig, plan: Plan) -> ServerFactory:
     """start(port): the server exactly as vf-train would start it (same model folder and flags)."""
     from vfkit.hub import resolve_model
-    from vfkit.train.inference import launcher_kwargs
+    from vfkit.train.placement import launcher_kwargs
 
-    kwargs = launcher_kwargs(cfg, plan.run.root)
+    kwargs = launcher_kwargs(cfg, plan.run)
     kwargs.pop("health_timeout", None)  # the supervisor waits, with a countdown
     model_dir: list[str] = []
 
-    def start(port: int | None) -> ManagedServer:
+    def start(port: int | None) -> ServerProcess:
         from vfkit.serve.launcher import start_server
 
         if not model_dir:  # once: offline, the first call may convert the bundled GGUF
@@ -69,7 +32,7 @@ def server_factory(cfg: RunConfig, plan: Plan) -> ServerFactory:
             proc = start_server(
                 model_dir[0], **{**kwargs, "port": port or kwargs["port"]}, wait=False
             )
-        return ManagedServer(proc)
+        return proc
 
     return start
 

@@ -5,10 +5,10 @@ Stop semantics (the operator's contract):
   exits 0), then the server is stopped; vf-rl exits 0.
 - twice: every child process group is killed at once; vf-rl exits 130.
 Server death mid-run: the trainer is paused (SIGSTOP: it sends nothing while the server is
-down), the server restarts on the same port (bounded attempts), the adapters it served are
-loaded again, and the trainer continues (SIGCONT). Should the trainer still fail right after
-the incident, it is resumed from its last checkpoint. When the attempts run out the trainer is
-asked to stop, which checkpoints. No child outlives vf-rl.
+down), the server restarts on the same port (bounded attempts), and the trainer continues
+(SIGCONT), re-loading the adapters the new server lacks on first use. Should the trainer
+still fail right after the incident, it is resumed from its last checkpoint. When the attempts
+run out the trainer is asked to stop, which checkpoints. No child outlives vf-rl.
 """
 
 from __future__ import annotations
@@ -19,21 +19,27 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Protocol
+from urllib.parse import urlparse
 
 from vfkit.errors import VfkitError
-from vfkit.launch.health import Health, health_url, is_healthy, port_of, tail
+from vfkit.launch.plan import redact
 from vfkit.launch.process import Child, LogTail, Printer, kill_remaining_children
-from vfkit.launch.recovery import (
-    Adapter,
-    adapters_to_reload,
-    loaded_adapters,
-    reload_adapters,
-)
-from vfkit.launch.rundir import RunDir
+from vfkit.serve.launcher import health_url, is_healthy, tail
+from vfkit.train.rundir import RunDir
 
 EXIT_KILLED = 130
 INCIDENT_WINDOW_S = 120.0  # a trainer failing this soon after a server restart is resumed
+
+
+class Health(Enum):
+    """How waiting for a server ended."""
+
+    OK = "ok"
+    DIED = "died"
+    TIMEOUT = "timeout"
+    STOPPED = "stopped"
 
 
 class Server(Protocol):
@@ -49,6 +55,8 @@ class Server(Protocol):
     def stop(self, timeout: float = 10.0) -> int | None: ...
 
     def kill(self) -> None: ...
+
+    def remember_descendants(self) -> None: ...
 
 
 ServerFactory = Callable[[int | None], Server]
@@ -88,7 +96,6 @@ class Supervisor:
         self.server_port: int | None = None
         self.restarts = self.trainer_restarts = 0
         self.incident_at: float | None = None
-        self.adapters: list[Adapter] = []
         self.failure: str | None = None
         self.server_tail: LogTail | None = None
 
@@ -133,7 +140,7 @@ class Supervisor:
 
     def _start_trainer(self, argv: Sequence[str]) -> None:
         argv = [*argv, f"inference.base_url={self.base_url}"]
-        self.out.say("starting the trainer: " + " ".join(argv))
+        self.out.say("starting the trainer: " + " ".join(redact(argv)))
         self.trainer = Child(
             "trainer", argv, log_path=self.run_dir.trainer_log, echo=self.out,
             env=self.spec.trainer_env,
@@ -148,7 +155,7 @@ class Supervisor:
         except VfkitError as exc:
             self.failure = f"could not start the inference server: {exc}"
             return None
-        self.server, self.server_port = server, port_of(server.base_url)
+        self.server, self.server_port = server, urlparse(server.base_url).port
         self.run_dir.update_state(server_pid=server.pid, base_url=server.base_url)
         return server
 
@@ -202,7 +209,11 @@ class Supervisor:
             time.sleep(0.3)
 
     def _recover_server(self) -> bool:
-        """Pause the trainer, restart the server, re-load adapters, resume; False: gave up."""
+        """Pause the trainer, restart the server, resume; False: gave up.
+
+        The trainer re-loads the adapters the new server lacks itself, on the first request
+        that asks for one (its AdapterSync owns "the server lost our adapters").
+        """
         assert self.server is not None and self.trainer is not None  # a run with our server
         self.trainer.pause()
         self.incident_at = time.monotonic()
@@ -235,9 +246,6 @@ class Supervisor:
                 self.trainer.resume()
                 return True  # the watch loop handles the stop request
             self.out.say(f"restart attempt {self.restarts} failed ({health.value})")
-        adapters = adapters_to_reload(self.run_dir, self.adapters)
-        for line in reload_adapters(self.server.base_url, adapters, self.spec.api_key):
-            self.out.say(line)
         self.trainer.resume()
         self.incident_at = time.monotonic()
         self.out.say("server is back; the trainer continues")
@@ -284,16 +292,11 @@ class Supervisor:
             time.sleep(0.2)
 
     def _snapshot(self) -> None:
-        """Remember the trainer's descendants and the adapters the server serves."""
+        """Remember the trainer's and the server's descendants (to kill them all at the end)."""
         assert self.trainer is not None
-        self.trainer.tracker.refresh()
-        remember = getattr(self.server, "remember_descendants", None)
-        if remember is not None:
-            remember()
-        if self.server is not None and self.server.alive():
-            adapters = loaded_adapters(self.server.base_url, self.run_dir, self.spec.api_key)
-            if adapters is not None:
-                self.adapters = adapters
+        self.trainer.remember_descendants()
+        if self.server is not None:
+            self.server.remember_descendants()
 
     def _after_trainer_exit(self, code: int, *, stopping: bool) -> int | None:
         """vf-rl's exit code, or None when the trainer was resumed from its checkpoint."""

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from vfkit.errors import VfkitError
-from vfkit.launch.rundir import RunDir
+from vfkit.train.rundir import RunDir
 
 _SKIP_ENV = re.compile(r"^(TMUX.*|TERM|TERM_.*|COLUMNS|LINES|SHLVL|_|PWD|OLDPWD)$")
 
@@ -140,12 +140,19 @@ def start_session(name: str, run: RunDir, supervisor_args: Sequence[str]) -> Non
     _tmux("select-pane", "-t", pane, check=False)
 
 
-def attach(name: str) -> int:
-    """Attach this terminal to the session (returns when the user detaches or it ends);
-    from inside tmux, switch this client to it instead (tmux refuses nested sessions)."""
+def attach(name: str) -> str | None:
+    """Show the session on this terminal; None on success, else why it could not be shown.
+
+    Outside tmux this attaches (and returns when the user detaches or the run ends); inside
+    tmux it switches this client instead (tmux refuses nested sessions), which fails with
+    "no current client" when no client is attached to the tmux we run in (e.g. `make run` in a
+    detached session): the run goes on either way.
+    """
     if os.environ.get("TMUX"):
-        return _tmux_interactive("switch-client", "-t", f"={name}")
-    return _tmux_interactive("attach-session", "-t", f"={name}")
+        out = _tmux("switch-client", "-t", f"={name}", check=False)
+        return None if out.returncode == 0 else out.stderr.strip() or "switch-client failed"
+    code = _tmux_interactive("attach-session", "-t", f"={name}")
+    return None if code == 0 else f"tmux attach-session exited with {code}"
 
 
 def _tmux_interactive(*args: str) -> int:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from vfkit.launch.report import read_jsonl, series
-from vfkit.launch.rundir import RunDir
+from vfkit.train.rundir import RunDir
 
 SPARK = "▁▂▃▄▅▆▇█"
 ROWS = (

@@ -142,6 +142,16 @@ class Rubric:
         """The metric names of the reward functions, in order."""
         return [func_name(func) for func in self.funcs]
 
+    # The underscore names verifiers of early 2026 (and prime-rl with them) call.
+    def _get_reward_func_names(self) -> list[str]:
+        return self.get_reward_func_names()
+
+    def _get_reward_funcs(self) -> list[RewardFunc]:
+        return self.get_reward_funcs()
+
+    def _get_reward_weights(self) -> list[float]:
+        return self.get_reward_weights()
+
     async def score_rollout(self, state: State) -> None:
         """Score one rollout in place (group-level functions see a group of one)."""
         await self.score_group([state])

@@ -1,9 +1,12 @@
-"""The audit hook installed in the sandbox child (PEP 578): a best-effort second line of defence.
+"""The audit hook installed in the sandbox child (PEP 578): readable refusals, not the boundary.
 
-It denies writes outside the sandbox directory (which file permissions cannot: /tmp is writable by
-everyone), sockets other than AF_UNIX, starting other programs and importing ctypes/cffi (with which
-code could undo the hook). Audit hooks are not a security boundary on their own; the kernel-side
-limits in _child.py are the ones that hold against determined code.
+It denies writes outside the sandbox directory, sockets other than AF_UNIX, starting other
+programs, importing ctypes/cffi and signalling processes outside the run's process group, with a
+`PermissionError` that tells ordinary code (and the model reading its traceback) what is not
+allowed. Code can get around it (C extensions, ctypes loaded by path, rewriting this closure);
+the kernel layers set up in _child.py (read-only mount view, seccomp, namespaces, own uid) are
+what holds then, and on machines without them the README's table says which rows fall back to
+this hook alone.
 """
 
 from __future__ import annotations

@@ -4,12 +4,18 @@ Started by `vfkit.sandbox.Sandbox` as `python -I _child.py`; the first line of s
 ({code, dir, uid, limits, ...}), the rest is the program's own stdin. Standard library only, so
 start-up stays fast.
 
-The supervisor enters a new network namespace (the code inherits it), becomes a child subreaper
-and forks. The code process puts itself in its own process group, applies the limits, drops to
-the sandbox uid and installs the audit hook (in that order: each step would block the next).
-When the code process exits, or on SIGTERM from the parent (wall clock), the supervisor kills
-whatever the code left running, reaps every process (orphans come to it, not to PID 1, which on
-some machines never reaps) and reports the code's exit status on the status pipe.
+The supervisor enters new mount, IPC, pid and network namespaces (the code inherits them),
+turns the file system read-only but for the sandbox directory (_fsview), becomes a child
+subreaper and forks. With a pid namespace, that child is the namespace's init: it mounts the
+namespace's /proc and forks the code process; when the code exits it reports how and exits, and
+the kernel kills every process left in the namespace (the supervisor SIGKILLs init on SIGTERM
+from the parent, i.e. on the wall clock). Without one, the code process is the supervisor's own
+child, and the supervisor kills and reaps what the code left (orphans come to it, not to PID 1,
+which on some machines never reaps).
+The code process puts itself in its own process group, applies the limits, drops to the sandbox
+uid (or, not root, drops every capability), installs the seccomp filter (_seccomp) and the audit
+hook (in that order: each step would block the next). Each layer that could not be put in place
+is reported as "none (why)" in the isolation report, never skipped silently.
 """
 
 from __future__ import annotations
@@ -25,8 +31,13 @@ import traceback
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, _HERE)  # -I leaves the script's folder off sys.path; removed before user code
-from _audit import make_audit_hook  # noqa: E402  # needs the path line above
+import _fsview  # noqa: E402  # needs the path line above
+import _seccomp  # noqa: E402
+from _audit import make_audit_hook  # noqa: E402
 
+CLONE_NEWNS = 0x00020000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWPID = 0x20000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
 PR_SET_KEEPCAPS = 8
@@ -50,15 +61,48 @@ def _forget_ctypes() -> None:
         sys.modules.pop(name, None)
 
 
-def _unshare_network(libc, uid_before: int, gid_before: int) -> str:
-    """Move into a fresh network namespace (only a downed loopback); return how, or 'none'."""
-    if libc.unshare(CLONE_NEWNET) == 0:
-        return "netns"
-    # unprivileged: a user namespace grants the right to make a network namespace
-    if libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) == 0:
-        _map_ids(uid_before, gid_before)
-        return "userns+netns"
-    return "none"
+def _enter_namespaces(ctypes, libc, want_net: bool) -> dict[str, str]:
+    """New namespaces for this run: {layer: "<x>ns", "userns+<x>ns" or "none (why)"}.
+
+    Mount (for the read-only view), IPC (System V objects and POSIX queues the code creates
+    vanish with the run, and the host's are out of reach), pid (the code sees and signals only
+    the run's processes; all die with it) and network. As root each is made directly; otherwise
+    a user namespace grants the right to make them.
+    """
+    wanted = {"filesystem": ("mnt", CLONE_NEWNS), "ipc": ("ipc", CLONE_NEWIPC),
+              "processes": ("pid", CLONE_NEWPID)}
+    if want_net:
+        wanted["network"] = ("net", CLONE_NEWNET)
+    if os.geteuid() == 0:
+        return {layer: f"{short}ns" if libc.unshare(flag) == 0 else _none("unshare", ctypes)
+                for layer, (short, flag) in wanted.items()}
+    uid, gid = os.getuid(), os.getgid()
+    if libc.unshare(CLONE_NEWUSER | sum(flag for _, flag in wanted.values())) != 0:
+        return dict.fromkeys(wanted, _none("unshare with a user namespace", ctypes))
+    _map_ids(uid, gid)
+    return {layer: f"userns+{short}ns" for layer, (short, _) in wanted.items()}
+
+
+def _none(what: str, ctypes) -> str:
+    return f"none ({what}: {os.strerror(ctypes.get_errno())})"
+
+
+def _isolate(ctypes, libc, spec: dict) -> dict[str, str]:
+    """The supervisor's part of the isolation report: namespaces and the file system view."""
+    namespaces = _enter_namespaces(ctypes, libc, spec["isolate_network"])
+    report = {"network": namespaces.get("network", "off"), "ipc": namespaces["ipc"],
+              "processes": namespaces["processes"]}
+    how = namespaces.pop("filesystem")
+    if how.startswith("none"):
+        report["filesystem"] = how
+    else:
+        try:
+            view = _fsview.make_readonly_view(ctypes, libc, spec["dir"],
+                                              spec["limits"]["file_size_mb"])
+            report["filesystem"] = view + (" (in a user namespace)" if "userns" in how else "")
+        except OSError as exc:
+            report["filesystem"] = f"none ({exc})"
+    return report
 
 
 def _map_ids(uid: int, gid: int) -> None:
@@ -105,9 +149,35 @@ def _drop_privileges(ctypes, libc, uid: int) -> None:
     data = (ctypes.c_uint32 * 6)(keep, keep, 0, 0, 0, 0)  # {effective, permitted, inheritable} x2
     if libc.capset(header, data) != 0:
         raise OSError(ctypes.get_errno(), "capset failed")
-    # programs the code may start (allow_subprocess) cannot gain privileges via setuid bits
+    _no_new_privs(ctypes, libc)
+
+
+def _drop_all_capabilities(ctypes, libc) -> None:
+    """Not root: give up the capabilities a user namespace granted (they could undo the view)."""
+    header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
+    if libc.capset(header, (ctypes.c_uint32 * 6)()) != 0:
+        raise OSError(ctypes.get_errno(), "capset failed")
+    _no_new_privs(ctypes, libc)
+
+
+def _no_new_privs(ctypes, libc) -> None:
+    """Programs the code may start cannot gain privileges (setuid bits); seccomp needs it too."""
     if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+
+
+def _install_seccomp(ctypes, libc, spec: dict) -> str:
+    """The syscall filter, or "none (why)" where this machine cannot have it."""
+    try:
+        _seccomp.install(ctypes, libc, allow_exec=spec["allow_subprocess"],
+                         unix_sockets_only=spec["isolate_network"])
+    except OSError as exc:
+        return f"none ({exc.strerror or exc})"
+    return "seccomp filter"
+
+
+def _missing_layers(isolation: dict[str, str]) -> str:
+    return "; ".join(f"{k}: {v}" for k, v in isolation.items() if v.startswith("none"))
 
 
 def _run_user_code(code: str) -> int:
@@ -132,13 +202,23 @@ def _run_user_code(code: str) -> int:
     return 0
 
 
-def _child_main(spec: dict, status_fd: int, net: str, ctypes, libc) -> None:
+def _child_main(spec: dict, status_fd: int, isolation: dict, ctypes, libc) -> None:
     """In the forked code process: lock down, report set-up, run the program, exit."""
     try:
         os.setpgid(0, 0)  # own group: the supervisor (and only it) can kill all of it at once
         _set_limits(spec["limits"])
         if spec["uid"] is not None:
             _drop_privileges(ctypes, libc, spec["uid"])
+            isolation["identity"] = f"uid {spec['uid']} of its own"
+        else:
+            _drop_all_capabilities(ctypes, libc)
+            isolation["identity"] = "none (not root: runs as your own user)"
+        isolation["syscalls"] = _install_seccomp(ctypes, libc, spec)
+        if spec["require_isolation"] and (missing := _missing_layers(isolation)):
+            raise RuntimeError(
+                f"the code was not run: SandboxLimits.require_isolation is set and this machine "
+                f"lacks {missing}; run where namespaces are allowed, or set "
+                "require_isolation=False to accept less (see vfkit/sandbox/README.md)")
         del ctypes, libc
         _forget_ctypes()
         os.chdir(spec["dir"])
@@ -149,7 +229,7 @@ def _child_main(spec: dict, status_fd: int, net: str, ctypes, libc) -> None:
     except Exception as exc:  # a sandbox that could not be set up must not run the code
         _report(status_fd, {"error": f"{type(exc).__name__}: {exc}"})
         os._exit(EXIT_SETUP_FAILED)
-    _report(status_fd, {"network": net})
+    _report(status_fd, {"isolation": isolation})
     os.close(status_fd)
     status = _run_user_code(spec["code"])
     sys.stdout.flush()
@@ -195,33 +275,74 @@ def _supervise(child: int, uid: int | None) -> dict:
         except ChildProcessError:
             return result
         if pid == child:
-            if os.WIFSIGNALED(wait_status):
-                result["signal"] = os.WTERMSIG(wait_status)
-            else:
-                result["exit"] = os.waitstatus_to_exitcode(wait_status)
+            result = _exit_status(wait_status)
         if result:  # leftovers: kill them, and whatever was orphaned to us since the last pass
             _kill_code(child, uid)
 
 
+def _exit_status(wait_status: int) -> dict:
+    if os.WIFSIGNALED(wait_status):
+        return {"signal": os.WTERMSIG(wait_status)}
+    return {"exit": os.waitstatus_to_exitcode(wait_status)}
+
+
+def _init_main(spec: dict, status_fd: int, isolation: dict, ctypes, libc) -> None:
+    """pid 1 of the run's pid namespace: its own /proc, then the code process; report how the
+    code ended and exit, upon which the kernel kills every process left in the namespace."""
+    if isolation["filesystem"].startswith("none"):  # never mount over the host's /proc
+        isolation["processes"] += " (the host's /proc stays visible: no mount namespace)"
+    else:
+        try:
+            _fsview.mount_proc(ctypes, libc)
+        except OSError as exc:
+            isolation["processes"] += f" (the host's /proc stays visible: {exc})"
+    code = os.fork()
+    if code == 0:
+        _child_main(spec, status_fd, isolation, ctypes, libc)
+    os.close(0)
+    # Python's own SIGINT handler is the one signal the code (same uid, not root) could hit us with
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    while True:  # reap orphans as they come (a zombie still counts against RLIMIT_NPROC)
+        pid, wait_status = os.waitpid(-1, 0)
+        if pid == code:
+            _report(status_fd, _exit_status(wait_status))
+            os._exit(0)
+
+
+def _relay(init: int) -> None:
+    """Outside the pid namespace: wait for its init; on SIGTERM (wall clock) SIGKILL it, which
+    kills every process in the namespace."""
+    def kill_init(*_: object) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(init, signal.SIGKILL)
+
+    signal.signal(signal.SIGTERM, kill_init)
+    os.waitpid(init, 0)
+
+
 def main() -> None:
-    """Read the spec, isolate the network, fork the code process, supervise it, report."""
+    """Read the spec, isolate, fork the code process (under an init of its pid namespace when
+    there is one), supervise it, report."""
     spec = json.loads(sys.stdin.buffer.readline())
     status_fd = spec["status_fd"]
     try:
         ctypes, libc = _load_libc()
-        net = "off"
-        if spec["isolate_network"]:
-            net = _unshare_network(libc, os.getuid(), os.getgid())
+        isolation = _isolate(ctypes, libc, spec)
         if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
     except Exception as exc:
         _report(status_fd, {"error": f"{type(exc).__name__}: {exc}"})
         os._exit(EXIT_SETUP_FAILED)
-    child = os.fork()
+    pid_namespace = not isolation["processes"].startswith("none")
+    child = os.fork()  # with a pid namespace, this child is its pid 1
     if child == 0:
-        _child_main(spec, status_fd, net, ctypes, libc)
+        run = _init_main if pid_namespace else _child_main
+        run(spec, status_fd, isolation, ctypes, libc)
     os.close(0)  # the program's stdin belongs to the code process
-    _report(status_fd, _supervise(child, spec["uid"]))
+    if pid_namespace:
+        _relay(child)
+    else:
+        _report(status_fd, _supervise(child, spec["uid"]))
     os._exit(0)
 
 

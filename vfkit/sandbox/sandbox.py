@@ -1,15 +1,18 @@
 """Run model-written Python in a separate, locked-down process without blocking the event loop.
 
-What is enforced, and by what (see also vfkit/sandbox/README.md):
+What is enforced, and by what (the full table, with its conditions, is vfkit/sandbox/README.md):
 - by the kernel: a separate process in its own session; wall-clock timeout (the whole process tree
-  is killed); RLIMIT_CPU, RLIMIT_AS (memory), RLIMIT_FSIZE, RLIMIT_NOFILE; a fresh network
-  namespace (no interfaces but a downed loopback) when the kernel allows one; and, when vfkit runs
-  as root, a uid of its own per sandbox, so RLIMIT_NPROC caps that sandbox's processes (fork
-  bombs) and file permissions deny writes to anything it does not own;
-- by a Python audit hook in the child (best effort, PEP 578 hooks are not a security boundary):
-  writes outside the sandbox directory (this covers world-writable places such as /tmp), sockets
-  other than AF_UNIX, starting other programs, importing ctypes/cffi;
+  is killed); RLIMIT_CPU, RLIMIT_AS (memory), RLIMIT_FSIZE, RLIMIT_NOFILE; new mount, IPC, pid
+  and network namespaces: a file system that is read-only but for the sandbox directory, only
+  the run's own processes (seen and signalled), no network but a downed loopback; a seccomp
+  filter (no programs unless allowed, no namespace or mount changes, no sockets but AF_UNIX);
+  and, when vfkit runs as root, a uid of its own per sandbox, so RLIMIT_NPROC caps that
+  sandbox's processes (fork bombs) and signals reach only its own;
+- by a Python audit hook in the child (PEP 578; not a security boundary): the same refusals
+  with a readable message (`PermissionError: sandbox: ... is not allowed`) for ordinary code;
 - by the parent: stdout and stderr are read concurrently and truncated to a byte budget.
+Each run reports which kernel layers held (`SandboxResult.isolation`); a layer this machine
+cannot give is logged once as a warning, and `require_isolation=True` refuses to run without it.
 Reads are not restricted: the code can read any file the sandbox uid may read.
 """
 
@@ -18,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
+import math
 import os
 import shutil
 import signal
@@ -25,12 +30,18 @@ import sys
 import tempfile
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from vfkit.sandbox import _uids
 
 _CHILD = Path(__file__).with_name("_child.py")
+_MAX_COUNT = 2**31 - 1  # limits in whole units; far above any sensible value, fits every rlimit
+_COUNTS = ("cpu_seconds", "memory_mb", "max_processes", "file_size_mb", "open_files",
+           "max_output_bytes")
+_SWITCHES = ("isolate_network", "allow_subprocess", "require_isolation")
+logger = logging.getLogger(__name__)
+_warned: set[str] = set()  # degraded layers already logged by this process
 
 
 @dataclass(frozen=True)
@@ -44,14 +55,38 @@ class SandboxLimits:
     file_size_mb: int = 16  # RLIMIT_FSIZE: largest file the code may write
     open_files: int = 64  # RLIMIT_NOFILE
     max_output_bytes: int = 16_384  # kept per stream (stdout, stderr); the rest is counted
-    isolate_network: bool = True  # new network namespace when possible; the audit hook always
-    allow_subprocess: bool = False  # let the code start other programs (outside the audit hook)
+    isolate_network: bool = True  # new network namespace + AF_UNIX-only sockets (seccomp)
+    allow_subprocess: bool = False  # let the code start other programs (execve)
+    require_isolation: bool = False  # refuse to run where a kernel layer is missing
 
     def __post_init__(self) -> None:
-        for name in ("timeout_s", "cpu_seconds", "memory_mb", "max_processes", "file_size_mb",
-                     "open_files", "max_output_bytes"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"SandboxLimits.{name} must be > 0, got {getattr(self, name)}")
+        """Reject what the kernel cannot apply (NaN, inf, zero, negative, wrong type) by name."""
+        object.__setattr__(self, "timeout_s", _check_seconds("SandboxLimits.timeout_s",
+                                                            self.timeout_s))
+        for name in _COUNTS:
+            object.__setattr__(self, name, _check_count(name, getattr(self, name)))
+        for name in _SWITCHES:
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"SandboxLimits.{name} must be true or false, "
+                                 f"got {getattr(self, name)!r}")
+
+
+def _check_seconds(name: str, value: object) -> float:
+    """`value` as a finite number of seconds > 0, else a ValueError naming `name`."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (
+            math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+    return float(value)
+
+
+def _check_count(name: str, value: object) -> int:
+    """A whole-number limit from 1 to _MAX_COUNT (an integral float such as 512.0 is accepted)."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= _MAX_COUNT:
+        raise ValueError(f"SandboxLimits.{name} must be a whole number from 1 to {_MAX_COUNT}, "
+                         f"got {value!r}")
+    return value
 
 
 @dataclass
@@ -64,11 +99,18 @@ class SandboxResult:
     status: str  # ok | error | timeout | cpu_limit | killed | setup_failed
     duration_s: float
     truncated: bool = False  # some output was dropped
-    network: str = "unknown"  # how the network was cut: netns | userns+netns | none (hook only)
+    # which kernel layer held, per threat (network, ipc, processes, filesystem, identity,
+    # syscalls) -> how, or "none (why)" where this machine could not give it (README's table)
+    isolation: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+    @property
+    def network(self) -> str:
+        """How the network was cut: netns | userns+netns | off | none (why) | unknown."""
+        return self.isolation.get("network", "unknown")
 
     def format(self, max_chars: int | None = None) -> str:
         """Text for a tool reply: output, errors, and a note when the run did not end cleanly."""
@@ -120,6 +162,10 @@ class Sandbox:
     """
 
     def __init__(self, limits: SandboxLimits | None = None, *, base_dir: str | None = None):
+        if limits is not None and not isinstance(limits, SandboxLimits):
+            raise ValueError(f"Sandbox limits must be a SandboxLimits, got {type(limits).__name__}")
+        if base_dir is not None and not os.path.isdir(base_dir):
+            raise ValueError(f"Sandbox base_dir {base_dir!r} is not an existing directory")
         self.limits = limits or SandboxLimits()
         self._as_root = os.geteuid() == 0
         self._lease = _uids.lease_uid() if self._as_root else None
@@ -138,11 +184,16 @@ class Sandbox:
         """Run `code` as a fresh `python` process inside the sandbox and collect its output."""
         if not self._finalizer.alive:
             raise RuntimeError("this Sandbox is closed")
-        timeout = timeout_s or self.limits.timeout_s
+        for name, value in (("code", code), ("stdin", stdin)):
+            if not isinstance(value, str):
+                raise ValueError(f"Sandbox.run: {name} must be a str, got {type(value).__name__}")
+        timeout = self.limits.timeout_s if timeout_s is None else _check_seconds(
+            "Sandbox.run timeout_s", timeout_s)
         status_r, status_w = os.pipe()
         spec = {"code": code, "dir": str(self.path), "uid": self.uid, "status_fd": status_w,
                 "isolate_network": self.limits.isolate_network,
-                "allow_subprocess": self.limits.allow_subprocess, "limits": self._rlimits()}
+                "allow_subprocess": self.limits.allow_subprocess, "limits": self._rlimits(),
+                "require_isolation": self.limits.require_isolation}
         started = time.monotonic()
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -161,7 +212,8 @@ class Sandbox:
         finally:
             report = _read_status(status_r)
         result.duration_s = time.monotonic() - started
-        result.network = report.get("network", "unknown")
+        result.isolation = report.get("isolation", {})
+        _warn_degraded(result.isolation)
         if "exit" in report or "signal" in report:
             result.exit_code = report.get("exit", -report.get("signal", 0))
         result.status = _status(result.exit_code, result.status == "timeout")
@@ -254,7 +306,7 @@ async def _feed(proc: asyncio.subprocess.Process, data: bytes) -> None:
 
 
 def _read_status(fd: int) -> dict:
-    """The child's reports, one JSON line each: set-up ({"network"} or {"error"}), then exit."""
+    """The child's reports, one JSON line each: set-up ({"isolation"} or {"error"}), then exit."""
     chunks = []
     os.set_blocking(fd, False)  # never stall the event loop on a writer that is still dying
     try:
@@ -273,6 +325,16 @@ def _read_status(fd: int) -> dict:
     if not report:
         report["error"] = "the sandbox process ended before reporting"
     return report
+
+
+def _warn_degraded(isolation: dict[str, str]) -> None:
+    """Log, once per process and reason, each kernel layer this machine could not give."""
+    for layer, how in isolation.items():
+        key = f"{layer}: {how}"
+        if how.startswith("none") and key not in _warned:
+            _warned.add(key)
+            logger.warning("sandbox: no kernel-enforced %s isolation on this machine, %s; "
+                           "see vfkit/sandbox/README.md", layer, how)
 
 
 def _status(returncode: int | None, timed_out: bool) -> str:

@@ -1,11 +1,13 @@
-"""Start an inference server (the embedded one or vLLM) as a child process, and stop it cleanly.
+"""The inference server's lifecycle, for every caller and backend: start, health, log, stop.
 
     with start_server("HuggingFaceTB/SmolLM2-135M-Instruct", log_path="server.log") as server:
         client = openai.OpenAI(base_url=server.base_url, api_key="EMPTY")
 
-The child runs in its own process group: `stop()` signals the whole group (SIGTERM, then
-SIGKILL), so engine workers do not outlive it. Servers still running when this interpreter
-exits are stopped at exit; the embedded server also exits by itself if its parent dies.
+vf-train, vf-eval and vf-rl's supervisor all start servers here and ask `is_healthy`. The child
+runs in its own process group: `stop()` signals the whole group (SIGTERM, then SIGKILL) and
+kills remembered descendants that left it, so engine workers do not outlive it. Servers still
+running when this interpreter exits are stopped at exit; the embedded server also exits by
+itself if its parent dies.
 """
 
 from __future__ import annotations
@@ -20,11 +22,13 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
 
-import httpx
+import psutil
 
 from vfkit.errors import ServerError
 
@@ -43,6 +47,8 @@ class ServerProcess:
         self.api_key = api_key
         self.log_path = log_path
         self._stopped = False
+        self.descendants = DescendantTracker()
+        self.descendants.add(popen.pid)
         with _LOCK:
             _LIVE.add(self)
 
@@ -50,25 +56,26 @@ class ServerProcess:
     def pid(self) -> int:
         return self.popen.pid
 
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.poll()
+
     def alive(self) -> bool:
         return self.popen.poll() is None
 
+    def remember_descendants(self) -> None:
+        """Record engine workers while they live (a supervisor calls this every few seconds)."""
+        self.descendants.refresh()
+
     def wait_healthy(self, timeout: float = 300.0) -> None:
         """Poll GET /health until it answers 200; raise ServerError (with the log's tail) if not."""
-        url = self.base_url.removesuffix("/").removesuffix("/v1") + "/health"
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         deadline = time.monotonic() + timeout
-        while True:
+        while not is_healthy(self.base_url, api_key=self.api_key):
             if not self.alive():
                 raise ServerError(
                     f"The server exited with code {self.popen.returncode} before it was ready. "
                     f"Last lines of {self.log_path}:\n{self.log_tail()}"
                 )
-            try:
-                if httpx.get(url, headers=headers, timeout=2.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass  # not listening yet
             if time.monotonic() > deadline:
                 raise ServerError(
                     f"The server at {self.base_url} was not healthy after {timeout:.0f} s. "
@@ -77,10 +84,7 @@ class ServerProcess:
             time.sleep(0.25)
 
     def log_tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return tail(self.log_path, lines)
 
     def stop(self, timeout: float = 10.0) -> int | None:
         """SIGTERM the process group, SIGKILL whatever is left after `timeout` seconds."""
@@ -93,10 +97,16 @@ class ServerProcess:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(timeout=timeout)
         _signal_group(self.popen.pid, signal.SIGKILL)  # stragglers in the group, if any
+        self.descendants.refresh()
+        self.descendants.kill_all()  # workers that left the group
         try:
             return self.popen.wait(timeout=5)
         except subprocess.TimeoutExpired:
             return None
+
+    def kill(self) -> None:
+        """Stop at once: SIGTERM, then SIGKILL half a second later; no worker spared."""
+        self.stop(timeout=0.5)
 
     def __enter__(self) -> ServerProcess:
         return self
@@ -180,6 +190,60 @@ def start_server(
             server.stop(timeout=5)
             raise
     return server
+
+
+def health_url(base_url: str) -> str:
+    """GET /health sits at the server root, beside /v1."""
+    return base_url.rstrip("/").removesuffix("/v1") + "/health"
+
+
+def is_healthy(base_url: str, timeout: float = 2.0, api_key: str | None = None) -> bool:
+    """GET /health answers 200 (with the API key when the server demands one)."""
+    request = urllib.request.Request(health_url(base_url))
+    if api_key:
+        request.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            return resp.status == 200
+    except (OSError, urllib.error.URLError, ValueError):
+        return False
+
+
+def tail(path: os.PathLike[str] | str, lines: int = 15) -> str:
+    """The last lines of a log, indented, for error messages."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 16_000))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return "  (no log)"
+    return "\n".join("  " + ln for ln in text.splitlines()[-lines:])
+
+
+class DescendantTracker:
+    """Remembers the descendants of some processes while they live, to kill them later."""
+
+    def __init__(self) -> None:
+        self._procs: dict[int, psutil.Process] = {}
+
+    def add(self, pid: int) -> None:
+        with contextlib.suppress(psutil.Error):
+            self._procs.setdefault(pid, psutil.Process(pid))
+
+    def refresh(self) -> None:
+        """Record the current descendants of every tracked process that still runs."""
+        for proc in list(self._procs.values()):
+            with contextlib.suppress(psutil.Error):
+                for child in proc.children(recursive=True):
+                    self._procs.setdefault(child.pid, child)
+
+    def kill_all(self) -> None:
+        """SIGKILL every tracked process still running (psutil checks pid reuse)."""
+        for proc in self._procs.values():
+            with contextlib.suppress(psutil.Error):
+                if proc.is_running():
+                    proc.kill()
 
 
 def free_port(host: str = "127.0.0.1") -> int:

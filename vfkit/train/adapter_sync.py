@@ -11,18 +11,26 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import httpx2  # the HTTP stack the openai client is built on (an openai dependency)
+import openai
 
 from vfkit.errors import AdapterSyncError
 
 logger = logging.getLogger(__name__)
 
+# the HTTP stack the openai client is built on: httpx2 since openai 3, httpx before (same API)
+if int(openai.__version__.split(".")[0]) >= 3:
+    import httpx2 as openai_http
+else:
+    openai_http = httpx
+
 PROBE_MESSAGES = [{"role": "user", "content": "Write one short sentence about the sea."}]
+PROBE_TOKENS = 32  # enough tokens that one outlier cannot decide (the check uses the median)
 
 
 @dataclass
@@ -108,8 +116,12 @@ class AdapterSync:
         response.raise_for_status()
         return response.json()["data"]
 
-    async def load(self, name: str, path: Path) -> None:
-        """Load (or replace) adapter `name` from `path`, then check the server lists it."""
+    async def load(self, name: str, path: Path) -> dict:
+        """Load (or replace) adapter `name` from `path`; return the server's /v1/models card.
+
+        The card carries the server's `fingerprint` of the weights it read, when it has one
+        (vfkit's server does; vLLM does not).
+        """
         body = {"lora_name": name, "lora_path": str(Path(path).resolve()), "load_inplace": True}
         response = await self._post("/load_lora_adapter", body)
         if response.status_code != 200:
@@ -117,13 +129,14 @@ class AdapterSync:
                 f"the server at {self.base_url} refused adapter {name} from {path}:"
                 f" HTTP {response.status_code} {response.text[:300]}{_hint(response.status_code)}"
             )
-        listed = {m["id"] for m in await self.served_models()}
-        if name not in listed:
+        cards = {m["id"]: m for m in await self.served_models()}
+        if name not in cards:
             raise AdapterSyncError(
                 f"the server accepted adapter {name} but does not list it in /v1/models"
-                f" (listed: {sorted(listed)}); rollouts would use a stale policy"
+                f" (listed: {sorted(cards)}); rollouts would use a stale policy"
             )
         self.known[name] = Path(path)
+        return cards[name]
 
     async def reload(self, name: str) -> bool:
         """Load `name` again if we loaded it before and the server lost it; False if not ours."""
@@ -148,11 +161,11 @@ class AdapterSync:
                 f" {response.text[:300]}"
             )
 
-    async def probe(self, model: str, max_tokens: int = 8) -> Probe:
+    async def probe(self, model: str, max_tokens: int = PROBE_TOKENS, seed: int = 0) -> Probe:
         """Sample a short completion under `model` at temperature 1, with token ids + logprobs."""
         body = {
             "model": model, "messages": PROBE_MESSAGES, "max_tokens": max_tokens,
-            "temperature": 1.0, "logprobs": True, "seed": 0, "return_token_ids": True,
+            "temperature": 1.0, "logprobs": True, "seed": seed, "return_token_ids": True,
         }
         response = await self._post("/chat/completions", body)
         if response.status_code == 404 and await self.reload(model):
@@ -167,7 +180,7 @@ class AdapterSync:
         logprobs = [entry["logprob"] for entry in choice["logprobs"]["content"]]
         return Probe(data["prompt_token_ids"], choice["token_ids"], logprobs)
 
-    def transport(self) -> httpx2.AsyncBaseTransport:
+    def transport(self) -> openai_http.AsyncBaseTransport:
         """An httpx transport for the generation client that re-loads lost adapters on 404."""
         return ReloadingTransport(self)
 
@@ -175,15 +188,15 @@ class AdapterSync:
         await self.http.aclose()
 
 
-class ReloadingTransport(httpx2.AsyncBaseTransport):
+class ReloadingTransport(openai_http.AsyncBaseTransport):
     """Generation requests whose adapter the server lost (404) re-load it and are sent again."""
 
     def __init__(self, sync: AdapterSync) -> None:
         # the openai client's own pool size (a transport given to it replaces its default one)
-        limits = httpx2.Limits(max_connections=1000, max_keepalive_connections=100)
-        self.sync, self.inner = sync, httpx2.AsyncHTTPTransport(limits=limits)
+        limits = openai_http.Limits(max_connections=1000, max_keepalive_connections=100)
+        self.sync, self.inner = sync, openai_http.AsyncHTTPTransport(limits=limits)
 
-    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+    async def handle_async_request(self, request: openai_http.Request) -> openai_http.Response:
         response = await self.inner.handle_async_request(request)
         if response.status_code != 404 or request.method != "POST":
             return response
@@ -200,17 +213,35 @@ class ReloadingTransport(httpx2.AsyncBaseTransport):
         await self.inner.aclose()
 
 
+def check_fingerprint(name: str, served: str, trained: str) -> None:
+    """AdapterSyncError unless the server's fingerprint of `name` is the trained adapter's."""
+    if served != trained:
+        raise AdapterSyncError(
+            f"adapter {name} did not land as trained: the server holds weights with fingerprint"
+            f" {served[:19]}…, the trainer saved {trained[:19]}… (a stale or different adapter"
+            " file was loaded); check that trainer and server see the same outputs folder"
+        )
+
+
+def probe_diff(probe: Probe, trainer_logprobs: list[float]) -> float:
+    """Median |server - trainer| logprob over the probe's tokens (0 for an empty probe).
+
+    The median, not the mean: bf16 servers differ from the fp32 trainer by a few hundredths
+    on most tokens and by much more on a rare one, which must not decide alone.
+    """
+    diffs = sorted(abs(a - b) for a, b in zip(probe.logprobs, trainer_logprobs, strict=True))
+    return statistics.median(diffs) if diffs else 0.0
+
+
 def check_probe(name: str, probe: Probe, trainer_logprobs: list[float], tolerance: float) -> float:
-    """Mean |server - trainer| logprob on the probe; AdapterSyncError when above tolerance."""
-    pairs = list(zip(probe.logprobs, trainer_logprobs, strict=True))
-    if not pairs:
-        return 0.0
-    diff = sum(abs(a - b) for a, b in pairs) / len(pairs)
+    """The probe's `probe_diff`; AdapterSyncError when it is above tolerance."""
+    diff = probe_diff(probe, trainer_logprobs)
     if diff > tolerance:
         raise AdapterSyncError(
             f"adapter {name} did not land as trained: server and trainer logprobs differ by"
-            f" {diff:.4f} on average over {len(pairs)} probe tokens (tolerance {tolerance});"
-            " the server may serve a stale or differently scaled adapter. Raise"
-            " trainer.args.adapter_probe_tolerance if the server runs in lower precision."
+            f" {diff:.4f} (median over {len(probe.logprobs)} probe tokens, tolerance"
+            f" {tolerance}) on every re-check; the server may serve a stale or differently"
+            " scaled adapter. Raise trainer.args.adapter_probe_tolerance if the server runs in"
+            " lower precision."
         )
     return diff

@@ -1,25 +1,16 @@
-"""Group-relative advantages (GRPO): each rollout's reward minus its group's mean reward.
+"""Which of a step's groups the trainer learns from, after `vfkit.advantage` sets advantages.
 
-Failed rollouts (state["error"] set) are data, not zeros: they get no advantage, take no part in
-the group baseline and are excluded from the loss; the step's metrics count them.
+The advantage itself has one home (`vfkit/advantage.py`, shared with the environment); here the
+trainer applies its config (std scaling, truncated = 0) and drops groups that carry no signal:
+every rollout failed, or every advantage is zero. The step's metrics count both.
 """
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 
+from vfkit.advantage import ScaleRewards, set_group_advantages
 from vfkit.types import State
-
-
-def group_advantages(rewards_G: list[float], scale_rewards: str) -> list[float]:
-    """Reward minus group mean, divided by the group std when scale_rewards == "group"."""
-    mean = statistics.fmean(rewards_G)
-    advantages_G = [r - mean for r in rewards_G]
-    if scale_rewards == "group" and len(rewards_G) > 1:
-        std = statistics.pstdev(rewards_G)
-        advantages_G = [a / (std + 1e-4) for a in advantages_G]
-    return advantages_G
 
 
 @dataclass
@@ -34,29 +25,21 @@ class GroupCounts:
 def assign_advantages(
     groups: list[list[State]],
     *,
-    scale_rewards: str,
+    scale_rewards: ScaleRewards,
     zero_truncated: bool,
     filter_zero: bool,
 ) -> tuple[list[list[State]], GroupCounts]:
     """Set state["advantage"] on every rollout; return the groups worth training on."""
-    counts = GroupCounts()
-    kept = []
+    counts, kept = GroupCounts(), []
     for group in groups:
-        ok = [s for s in group if not s.get("error")]
-        for state in group:
-            state["advantage"] = 0.0
-        if not ok:
+        advantages_G = set_group_advantages(
+            group, scale_rewards=scale_rewards, zero_truncated=zero_truncated
+        )
+        if all(s.get("error") for s in group):
             counts.failed += 1
-            continue
-        rewards_G = [
-            0.0 if zero_truncated and s.get("is_truncated") else float(s.get("reward") or 0.0)
-            for s in ok
-        ]
-        for state, advantage in zip(ok, group_advantages(rewards_G, scale_rewards), strict=True):
-            state["advantage"] = advantage
-        if filter_zero and all(abs(s["advantage"]) < 1e-8 for s in ok):
+        elif filter_zero and all(abs(a) < 1e-8 for a in advantages_G):
             counts.filtered += 1
-            continue
-        counts.kept += 1
-        kept.append(group)
+        else:
+            counts.kept += 1
+            kept.append(group)
     return kept, counts

@@ -23,6 +23,10 @@ class MicroBatch:
     def num_tokens(self) -> int:
         return int(self.attention_mask_BT.sum())
 
+    def to(self, device: torch.device | str) -> MicroBatch:
+        """The same tensors on `device` (the model's: the loss never mixes devices)."""
+        return MicroBatch(**{k: v.to(device, non_blocking=True) for k, v in vars(self).items()})
+
 
 def bucket_by_length(samples: list[Sample], micro_batch_size: int) -> list[list[Sample]]:
     """Chunks of `micro_batch_size` samples of similar length (longest first, stable order)."""
@@ -48,13 +52,14 @@ def collate(samples: list[Sample], pad_id: int) -> MicroBatch:
 
 
 def micro_batches(
-    samples: list[Sample], micro_batch_size: int, pad_id: int, *, rank: int = 0, world: int = 1
+    samples: list[Sample], micro_batch_size: int, pad_id: int, *, rank: int = 0, world: int = 1,
+    device: torch.device | str = "cpu",
 ) -> list[MicroBatch]:
-    """This process's share of the step's micro-batches (every rank gets the same count)."""
+    """This process's share of the step's micro-batches on `device` (same count on every rank)."""
     buckets = bucket_by_length(samples, micro_batch_size)
     while len(buckets) % world:  # DDP needs equal backward counts: repeat with zero loss mask
         buckets.append([_without_loss(s) for s in buckets[-1]])
-    return [collate(b, pad_id) for b in buckets[rank::world]]
+    return [collate(b, pad_id).to(device) for b in buckets[rank::world]]
 
 
 def _without_loss(sample: Sample) -> Sample:

@@ -22,17 +22,7 @@ from peft import set_peft_model_state_dict
 from safetensors.torch import load_file
 
 from vfkit.errors import VfkitError
-
-
-def _step_of(path: Path) -> int:
-    return int(path.name.removeprefix("step_"))
-
-
-def list_checkpoints(run_dir: Path) -> list[Path]:
-    """Complete checkpoints of a run, oldest first."""
-    root = run_dir / "checkpoints"
-    found = [p for p in root.glob("step_*") if (p / "state.json").exists()] if root.exists() else []
-    return sorted(found, key=_step_of)
+from vfkit.train.rundir import RunDir, step_of
 
 
 def rng_state() -> dict[str, Any]:
@@ -55,7 +45,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(
-    run_dir: Path,
+    run: RunDir,
     step: int,
     *,
     model: Any,
@@ -66,39 +56,38 @@ def save_checkpoint(
     total_limit: int,
 ) -> Path:
     """Write checkpoints/step_<step> atomically and prune old ones beyond `total_limit`."""
-    final = run_dir / "checkpoints" / f"step_{step}"
-    tmp = final.with_name(f".step_{step}.tmp")
+    final = run.checkpoint_dir(step)
+    tmp = final.with_name(f".{final.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     model.save_pretrained(tmp / "adapter")
     for version, adapter_dir in policies.items():
-        shutil.copytree(adapter_dir, tmp / "policies" / f"step_{version}")
+        shutil.copytree(adapter_dir, tmp / "policies" / run.adapter_dir(version).name)
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     torch.save(rng_state(), tmp / "rng.pt")
-    metrics = run_dir / "metrics.jsonl"
-    if metrics.exists():
-        shutil.copy(metrics, tmp / "metrics.jsonl")
+    if run.metrics.exists():
+        shutil.copy(run.metrics, tmp / run.metrics.name)
     (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=2))
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     if total_limit:
-        for old in list_checkpoints(run_dir)[:-total_limit]:
+        for old in run.list_checkpoints()[:-total_limit]:
             shutil.rmtree(old)
     return final
 
 
-def find_checkpoint(run_dir: Path, path: str | None) -> Path:
+def find_checkpoint(run: RunDir, path: str | None) -> Path:
     """The checkpoint to resume: an explicit path (checkpoint or run dir), else the latest."""
     if path:
         candidate = Path(path)
         if (candidate / "state.json").exists():
             return candidate
-        run_dir = candidate
-    found = list_checkpoints(run_dir)
+        run = RunDir(candidate)
+    found = run.list_checkpoints()
     if not found:
         raise VfkitError(
-            f"--resume: no checkpoint under {run_dir}/checkpoints; start without --resume,"
+            f"--resume: no checkpoint under {run.checkpoints}; start without --resume,"
             " or pass a checkpoint folder (outputs/<run>/checkpoints/step_N)"
         )
     return found[-1]
@@ -121,6 +110,7 @@ def load_checkpoint(
 def policy_dirs(path: Path) -> dict[int, Path]:
     """The adapters saved with a checkpoint, by policy version (its own one included)."""
     state = json.loads((path / "state.json").read_text())
-    dirs = {_step_of(p): p for p in (path / "policies").glob("step_*")}
+    folders = (path / "policies").iterdir() if (path / "policies").is_dir() else []
+    dirs = {v: p for p in folders if (v := step_of(p)) is not None}
     dirs[state["policy_version"]] = path / "adapter"
     return dirs

@@ -16,7 +16,22 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_serializer,
+    field_validator,
+)
+
+from vfkit.train.config_fields import (
+    REDACTED,
+    check_base_url,
+    check_folder_name,
+    check_gpus,
+    check_server_args,
+    not_blank,
+)
 
 LossType = Literal["grpo", "dr_grpo", "dapo", "cispo"]
 SchedulerName = Literal[
@@ -29,7 +44,11 @@ class Section(BaseModel):
     """Base for every config table: unknown keys are errors; field docstrings are descriptions."""
 
     model_config = ConfigDict(
-        extra="forbid", strict=True, use_attribute_docstrings=True, validate_default=True
+        extra="forbid",
+        strict=True,
+        use_attribute_docstrings=True,
+        validate_default=True,
+        allow_inf_nan=False,  # `learning_rate = inf` is a mistake, not a setting
     )
 
 
@@ -42,6 +61,11 @@ class EnvConfig(Section):
     """Environment id used for evaluation; default: the training environment."""
     eval_args: dict[str, Any] | None = None
     """`load_environment` kwargs for the eval environment; default: `args`."""
+
+    @field_validator("id", "eval_id")
+    @classmethod
+    def _id_not_blank(cls, value: str | None) -> str | None:
+        return not_blank(value, "an environment id, e.g. \"reverse-text\"")
 
 
 class InferenceConfig(Section):
@@ -63,7 +87,30 @@ class InferenceConfig(Section):
     @field_validator("gpus")
     @classmethod
     def _gpus_not_negative(cls, value: int | list[int]) -> int | list[int]:
-        return _check_gpus(value)
+        return check_gpus(value)
+
+    @field_validator("host")
+    @classmethod
+    def _host_not_blank(cls, value: str) -> str:
+        return not_blank(value, "an interface, e.g. \"127.0.0.1\"")
+
+    @field_validator("base_url")
+    @classmethod
+    def _base_url_is_http(cls, value: str) -> str:
+        return check_base_url(value)
+
+    @field_validator("args")
+    @classmethod
+    def _server_args_valid(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return check_server_args(value)
+
+    @field_serializer("api_key", when_used="json")
+    def _redact_api_key(self, value: str) -> str:
+        """JSON dumps go to wandb, tensorboard and printed plans: never the key itself."""
+        return REDACTED if value else ""
+
+
+SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 
 class TrainerArgs(Section):
@@ -95,11 +142,11 @@ class TrainerArgs(Section):
     async_level: int = Field(1, ge=0, le=8)
     """Policy lag: batch k is sampled by the adapter of step k-1-async_level (0 = on-policy)."""
     max_concurrent: int = Field(-1, ge=-1)
-    """Rollouts in flight at once; -1 = the whole batch."""
+    """Rollouts in flight at once; -1 = the whole batch (0 is refused: nothing would run)."""
     generation_timeout: float = Field(600.0, gt=0)
     """Seconds one batch may take to generate before the run stops with an error."""
     # --- optimization
-    learning_rate: float = Field(1e-5, gt=0)
+    learning_rate: float = Field(1e-5, gt=0, le=1)
     """AdamW learning rate."""
     lr_scheduler_type: SchedulerName = "constant"
     """Learning-rate schedule (transformers' get_scheduler names)."""
@@ -135,8 +182,8 @@ class TrainerArgs(Section):
     # --- loss
     loss_type: LossType = "grpo"
     """Policy-gradient loss: grpo | dr_grpo | dapo | cispo (vfkit/train/losses/)."""
-    epsilon: float = Field(0.2, gt=0)
-    """Lower clip range of the importance ratio (1 - epsilon)."""
+    epsilon: float = Field(0.2, gt=0, le=1)
+    """Lower clip range of the importance ratio (1 - epsilon, so at most 1)."""
     epsilon_high: float | None = Field(None, gt=0)
     """Upper clip range (1 + epsilon_high); default: epsilon."""
     mask_ratio_low: float = Field(0.125, ge=0)
@@ -157,7 +204,7 @@ class TrainerArgs(Section):
     eval_steps: int = Field(0, ge=0)
     """Evaluate every N steps, and at start and end; 0 = no eval."""
     eval_num_examples: int = Field(32, ge=-1)
-    """Eval examples (-1 = the whole eval split)."""
+    """Eval examples (-1 = the whole eval split; 0 is refused)."""
     save_steps: int = Field(50, ge=0)
     """Checkpoint every N steps (and at the end or on stop); 0 = only at the end."""
     save_total_limit: int = Field(2, ge=0)
@@ -165,8 +212,9 @@ class TrainerArgs(Section):
     output_dir: str = "outputs"
     """Parent folder of run directories."""
     run_name: str = ""
-    """Run directory name under output_dir; default: <env id>--<model name>."""
-    seed: int = 0
+    """Run directory name under output_dir (one folder name: no '/', not '..');
+    default: <env id>--<model name>."""
+    seed: int = Field(0, ge=0)
     """Seed for data order, LoRA init and dropout."""
     report_to: list[ReportTarget] = Field(default_factory=lambda: ["jsonl"])
     """Metric sinks besides the console: jsonl, wandb, tensorboard."""
@@ -175,7 +223,7 @@ class TrainerArgs(Section):
     # --- adapter sync
     sync_timeout: float = Field(120.0, gt=0)
     """Seconds an adapter hot-load (load + verify) may take before the run stops with an error."""
-    adapter_probe_tolerance: float = Field(0.2, ge=0)
+    adapter_probe_tolerance: float = Field(0.2, ge=0, allow_inf_nan=True)
     """Max mean |logprob difference| server vs trainer on the probe (fp32 server: ~1e-6, bf16:
     ~0.02-0.1); inf skips the probe."""
 
@@ -183,6 +231,30 @@ class TrainerArgs(Section):
     @classmethod
     def _report_to_list(cls, value: Any) -> Any:
         return [value] if isinstance(value, str) else value
+
+    @field_validator("max_concurrent", "eval_num_examples")
+    @classmethod
+    def _not_zero(cls, value: int) -> int:
+        if value == 0:
+            raise ValueError("0 would run nothing: use -1 (all) or a number >= 1")
+        return value
+
+    @field_validator("lora_target_modules")
+    @classmethod
+    def _some_lora_targets(cls, value: list[str] | str) -> list[str] | str:
+        if isinstance(value, list) and not value:
+            raise ValueError('is empty: name the modules to adapt, or use "all-linear"')
+        return value
+
+    @field_validator("output_dir")
+    @classmethod
+    def _output_dir_not_blank(cls, value: str) -> str:
+        return not_blank(value, "a folder, e.g. \"outputs\"")
+
+    @field_validator("run_name")
+    @classmethod
+    def _run_name_is_one_folder(cls, value: str) -> str:
+        return check_folder_name(value)
 
     @property
     def clip_high(self) -> float:
@@ -194,22 +266,15 @@ class TrainerArgs(Section):
         """Distinct prompts per step."""
         return self.batch_size // self.rollouts_per_example
 
-    def sampling_args(self) -> dict[str, Any]:
-        """OpenAI-client sampling arguments for rollouts (extras go in extra_body)."""
-        extra: dict[str, Any] = {"return_token_ids": True}
-        if self.top_k > 0:
-            extra["top_k"] = self.top_k
-        if self.min_p > 0:
-            extra["min_p"] = self.min_p
-        if self.repetition_penalty != 1.0:
-            extra["repetition_penalty"] = self.repetition_penalty
-        return {
-            "max_tokens": self.max_tokens,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "logprobs": True,
-            "extra_body": extra,
-        }
+    def sampling_args(self, *, explicit_only: bool = False) -> dict[str, Any]:
+        """Rollout sampling args from these keys: every one (the built-in defaults, "off" values
+        left out), or only the keys this config sets, which win over the environment's own
+        `sampling_args` (precedence in vfkit/client/sampling.py)."""
+        if explicit_only:
+            return {k: getattr(self, k) for k in SAMPLING_KEYS if k in self.model_fields_set}
+        values = {k: getattr(self, k) for k in SAMPLING_KEYS}
+        off = {"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}
+        return {k: v for k, v in values.items() if off.get(k, object()) != v}
 
     @property
     def probe_enabled(self) -> bool:
@@ -226,7 +291,7 @@ class TrainerConfig(Section):
     @field_validator("gpus")
     @classmethod
     def _gpus_not_negative(cls, value: int | list[int]) -> int | list[int]:
-        return _check_gpus(value)
+        return check_gpus(value)
 
 
 class RunConfig(Section):
@@ -238,6 +303,11 @@ class RunConfig(Section):
     """The inference server rollouts are sampled from."""
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     """The trainer."""
+
+    @field_validator("model")
+    @classmethod
+    def _model_not_blank(cls, value: str) -> str:
+        return not_blank(value, "a local HF folder or a hub id, e.g. \"Qwen/Qwen3-0.6B\"")
 
     @property
     def args(self) -> TrainerArgs:
@@ -255,11 +325,3 @@ class RunConfig(Section):
 def gpu_count(gpus: int | list[int]) -> int:
     """Number of devices a `gpus` value names."""
     return len(gpus) if isinstance(gpus, list) else gpus
-
-
-def _check_gpus(value: int | list[int]) -> int | list[int]:
-    if isinstance(value, int) and value < 0:
-        raise ValueError("must be >= 0 (a count) or a list of device ids")
-    if isinstance(value, list) and any(i < 0 for i in value):
-        raise ValueError("device ids must be >= 0")
-    return value

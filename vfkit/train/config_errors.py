@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from vfkit.errors import ConfigError
+from vfkit.train.config_fields import REDACTED, SECRET_KEYS
 
 _HEADER = re.compile(r"^\s*\[\s*([^\[\]]+?)\s*\]\s*(#.*)?$")
 _PART = r"(?:[A-Za-z0-9_-]+|\"[^\"]*\"|'[^']*')"
@@ -100,5 +101,14 @@ def validation_error(
         elif path in messages:  # another branch of a union type: "a list or 'all-linear'"
             messages[path] += f", or {err['msg'].removeprefix('Input should be ')}"
         else:
-            messages[path] = f"{where}: {dotted} = {err.get('input')!r}: {err['msg']}"
+            reason = err["msg"].removeprefix("Value error, ")
+            messages[path] = f"{where}: {dotted}{_shown(path, err.get('input'))}: {reason}"
     return ConfigError("\n".join(messages.values()))
+
+
+def _shown(path: tuple[str, ...], value: Any) -> str:
+    """` = value` for an error message: secrets hidden, a whole table left out (its validator
+    names the key at fault, and the table may hold other secrets)."""
+    if path and path[-1] in SECRET_KEYS:
+        return f" = {REDACTED}"
+    return "" if isinstance(value, dict) else f" = {value!r}"

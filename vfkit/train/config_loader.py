@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from vfkit.errors import ConfigError
 from vfkit.train.config import RunConfig, gpu_count
 from vfkit.train.config_errors import ConfigSource, validation_error
+from vfkit.train.config_fields import check_folder_name
 from vfkit.train.overrides import apply_overrides
 
 DEFAULT_MAX_LORA_RANK = 64  # the server launcher's default for --max-lora-rank
@@ -26,8 +27,18 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     """Read, override and validate the TOML at `path`."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist (e.g. vf-train configs/exp.toml)")
-    return parse_config(path.read_text(), name=str(path), overrides=overrides)
+        problem = "is a folder, not a TOML file" if path.is_dir() else "does not exist"
+        raise ConfigError(f"config file {path} {problem} (e.g. vf-train configs/exp.toml)")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            f"{path}:{line}: not UTF-8 text (byte {raw[exc.start]:#x} at offset {exc.start}); "
+            "TOML files must be UTF-8: re-save it as UTF-8"
+        ) from None
+    return parse_config(text, name=str(path), overrides=overrides)
 
 
 def parse_config(
@@ -68,6 +79,12 @@ def check_combinations(cfg: RunConfig, source: ConfigSource | None = None) -> No
     source = source or ConfigSource()
     a = cfg.trainer.args
     key = ("trainer", "args")
+    if not a.run_name:
+        try:
+            check_folder_name(cfg.run_name)
+        except ValueError as exc:
+            raise source.error(("env", "id"), f"the run name derived from it: {exc}; "
+                               "set trainer.args.run_name") from None
     if not a.use_lora:
         raise source.error((*key, "use_lora"), "only LoRA training is supported; set it to true")
     if a.batch_size % a.rollouts_per_example:
@@ -94,6 +111,12 @@ def check_combinations(cfg: RunConfig, source: ConfigSource | None = None) -> No
         raise source.error(
             (*key, "max_prompt_len"),
             f"{a.max_prompt_len} leaves no room for a completion in max_seq_len={a.max_seq_len}",
+        )
+    if a.warmup_steps >= a.max_steps and a.lr_scheduler_type != "constant":
+        raise source.error(
+            (*key, "warmup_steps"),
+            f"{a.warmup_steps} is not below max_steps={a.max_steps}: the learning rate would "
+            "never reach learning_rate; lower warmup_steps",
         )
     if a.mask_ratio_low >= a.mask_ratio_high:
         raise source.error(

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from vfkit.client.limits import SequenceLimits
 from vfkit.types import State
 
 
@@ -57,7 +58,9 @@ def dataset_rows(dataset: Any, tokenizer: Any, max_prompt_len: int) -> tuple[lis
         row.setdefault("example_id", i)
         if row.get("example_id") is None:
             row["example_id"] = i
-        if prompt_length(tokenizer, row["prompt"]) > max_prompt_len:
+        if not SequenceLimits(max_prompt_len=max_prompt_len).prompt_fits(
+            prompt_length(tokenizer, row["prompt"])
+        ):
             dropped += 1
             continue
         rows.append(row)

@@ -1,6 +1,6 @@
 """The model side of training: LoRA policy, AdamW, LR schedule, on plain Accelerate.
 
-    learner = Learner(cfg, run_dir)
+    learner = Learner(cfg, run)
     metrics = learner.update(samples)           # one optimizer step
     adapter_dir = learner.save_adapter(version)  # adapters/step_<version>
 """
@@ -21,8 +21,9 @@ from transformers import get_scheduler
 from vfkit.train import checkpoint
 from vfkit.train.adapter_sync import Probe
 from vfkit.train.config import RunConfig
-from vfkit.train.inference import cpu_threads
+from vfkit.train.placement import cpu_threads
 from vfkit.train.policy import load_policy, probe_logprobs, resolve_model_dir, save_adapter
+from vfkit.train.rundir import RunDir
 from vfkit.train.samples import Sample
 from vfkit.train.update import policy_update
 
@@ -30,9 +31,9 @@ from vfkit.train.update import policy_update
 class Learner:
     """Policy + optimizer + schedule; only this class touches model weights."""
 
-    def __init__(self, cfg: RunConfig, run_dir: Path) -> None:
+    def __init__(self, cfg: RunConfig, run: RunDir) -> None:
         args = self.args = cfg.trainer.args
-        self.run_dir = run_dir
+        self.run = run
         # bf16 is applied as explicit autocast in the update (probes stay fp32), so "no" here
         self.accelerator = Accelerator(mixed_precision="no", cpu=not torch.cuda.is_available())
         set_seed(args.seed)
@@ -97,7 +98,7 @@ class Learner:
 
     def save_adapter(self, version: int) -> Path:
         """adapters/step_<version>: what the server hot-loads."""
-        path = self.run_dir / "adapters" / f"step_{version}"
+        path = self.run.adapter_dir(version)
         path.parent.mkdir(parents=True, exist_ok=True)
         return save_adapter(self.peft_model, path)
 
@@ -107,7 +108,7 @@ class Learner:
 
     def save_checkpoint(self, step: int, state: dict[str, Any], policies: dict[int, Path]) -> Path:
         return checkpoint.save_checkpoint(
-            self.run_dir, step, model=self.peft_model, optimizer=self.optimizer,
+            self.run, step, model=self.peft_model, optimizer=self.optimizer,
             scheduler=self.scheduler, state=state, policies=policies,
             total_limit=self.args.save_total_limit,
         )

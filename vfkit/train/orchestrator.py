@@ -1,12 +1,12 @@
-"""Rollout orchestrator: samples batches in its own thread and event loop, ahead of the trainer.
+"""The live batch source: rollouts sampled in their own thread and event loop, ahead of training.
 
-The trainer submits "batch s, sampled by policy version v" and later takes batch s; batches are
-generated one after another in submission order. Policy version v is the adapter after v
-optimizer steps (0 = the base model); the trainer loads each new version through `publish`,
-which hot-loads it into the server before any batch may use it.
+The orchestrator owns the policy versions: version v is the adapter after v optimizer steps
+(0 = the base model). Batch s is sampled by the newest published version the lag allows
+(s - 1 - async_level), one batch after another in submission order. `publish` hot-loads a new
+version and verifies that the server serves exactly the trained weights before any batch uses it.
 
-    with Orchestrator(env, rows, base_url=url, args=cfg.trainer.args) as orch:
-        orch.submit(1, version=0)
+    with Orchestrator(env, rows, base_url=url, args=cfg.trainer.args, run=run) as orch:
+        orch.submit(1)
         batch = orch.get(1)
 """
 
@@ -14,32 +14,29 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
+import shutil
 import threading
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
 from vfkit.errors import AdapterSyncError, VfkitError
-from vfkit.train.adapter_sync import AdapterSync, Probe
+from vfkit.lora_fingerprint import fingerprint_dir
+from vfkit.train.adapter_sync import AdapterSync, check_fingerprint, check_probe
+from vfkit.train.batches import Batch
 from vfkit.train.config import TrainerArgs
-from vfkit.train.data import DataOrder
-from vfkit.types import State
+from vfkit.train.data import DataOrder, write_rollouts
+from vfkit.train.metrics import reward_metrics
+from vfkit.train.rundir import RunDir
+from vfkit.types import SamplingArgs, State
 
 T = TypeVar("T")
-
-
-@dataclass
-class Batch:
-    """The groups of one step, and which policy sampled them."""
-
-    step: int
-    policy_version: int
-    groups: list[list[State]]
-    generate_s: float  # wall time spent generating it
+logger = logging.getLogger(__name__)
+PROBE_RECHECKS = 3  # a doubtful probe is re-checked this often before the run stops
 
 
 class Orchestrator:
@@ -52,16 +49,20 @@ class Orchestrator:
         *,
         base_url: str,
         args: TrainerArgs,
-        base_model: str = "",
+        run: RunDir,
+        sampling_args: SamplingArgs | None = None,
         api_key: str = "",
-        adapter_prefix: str = "vfkit",
         eval_env: Any = None,
         eval_rows: list[dict] | None = None,
+        eval_sampling_args: SamplingArgs | None = None,
+        policies: dict[int, Path] | None = None,
     ) -> None:
-        self.env, self.rows, self.args = env, rows, args
+        self.env, self.rows, self.args, self.run = env, rows, args, run
+        self.sampling_args = sampling_args if sampling_args is not None else args.sampling_args()
         self.eval_env, self.eval_rows = eval_env or env, eval_rows or []
+        self.eval_sampling_args = eval_sampling_args or self.sampling_args
         self.base_url, self.api_key = base_url, api_key
-        self.base_model, self.adapter_prefix = base_model, adapter_prefix
+        self.resume_policies = dict(policies or {})  # from a checkpoint: version -> folder
         self.order = DataOrder(len(rows), args.prompts_per_batch, args.seed)
         self.loaded: dict[int, str] = {}  # policy version -> served model name (0 = base)
         self.pending: dict[int, tuple[int, concurrent.futures.Future]] = {}  # step -> (v, fut)
@@ -86,11 +87,8 @@ class Orchestrator:
             timeout=self.args.generation_timeout, max_retries=3,
             http_client=DefaultAsyncHttpxClient(transport=self.sync.transport()),
         )
-        if not self.base_model:  # the served base model: the entry that is not an adapter
-            served = await self.sync.served_models()
-            bases = [m["id"] for m in served if not m.get("parent")] or [served[0]["id"]]
-            self.base_model = bases[0]
-        self.loaded[0] = self.base_model
+        served = await self.sync.served_models()  # the base model: the entry not an adapter
+        self.loaded[0] = ([m["id"] for m in served if not m.get("parent")] or [served[0]["id"]])[0]
         # max_concurrent counts rollouts; groups run whole, so it rounds down to groups (min 1)
         slots = max(1, self.args.max_concurrent // self.args.rollouts_per_example)
         self.group_slots = asyncio.Semaphore(slots if self.args.max_concurrent > 0 else 10**6)
@@ -120,14 +118,65 @@ class Orchestrator:
         """Run a coroutine on the rollout loop and wait for its result here."""
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
-    # --- rollouts
-    def submit(self, step: int, version: int) -> None:
-        """Queue batch `step`, to be sampled by policy `version` (which must be loaded)."""
-        if version not in self.loaded:
-            raise VfkitError(f"policy version {version} is not loaded in the server")
+    # --- the BatchSource protocol (batches.py)
+    def start(self, step: int) -> dict[str, float]:
+        """Re-load a resumed run's policies, queue the first batches, eval a fresh run."""
+        for version, folder in sorted(self.resume_policies.items()):
+            if version >= self.policy_for(step + 1):
+                self._load_verified(version, folder, learner=None)
+        for s in range(step + 1, step + 1 + self.args.async_level):
+            self.submit(s)
+        return self.evaluate(0) if self.args.eval_steps and step == 0 else {}
+
+    def policy_for(self, step: int) -> int:
+        """The policy version the lag allows for batch `step`: the adapter of step-1-lag."""
+        return max(0, step - 1 - self.args.async_level)
+
+    def submit(self, step: int) -> None:
+        """Queue batch `step`, sampled by the newest loaded policy the lag allows."""
+        if step > self.args.max_steps or step in self.pending:
+            return
+        version = max(v for v in self.loaded if v <= self.policy_for(step))
         coro = self._generate_after_previous(step, version)
         self.pending[step] = (version, asyncio.run_coroutine_threadsafe(coro, self._loop))
 
+    def get(self, step: int, should_stop: Callable[[], bool] = lambda: False) -> Batch | None:
+        """Wait for batch `step`; None if `should_stop()` turns true first. Errors re-raise here."""
+        _, fut = self.pending[step]
+        started = time.monotonic()
+        while True:
+            try:
+                batch = fut.result(timeout=0.2)
+            except concurrent.futures.TimeoutError:
+                if should_stop():
+                    return None
+                if not self._thread.is_alive():
+                    raise VfkitError("the rollout thread died; see the log above") from None
+                continue
+            del self.pending[step]
+            batch.wait_s = time.monotonic() - started
+            return batch
+
+    def publish(self, version: int, adapter_dir: Path, learner: Any) -> dict[str, float]:
+        """Hot-load policy `version`, verify it, unload and delete adapters nothing uses."""
+        started = time.monotonic()
+        metrics = self._load_verified(version, adapter_dir, learner)
+        in_use = {v for v, _ in self.pending.values()} | {version, 0}
+        for stale in [v for v in self.loaded if v not in in_use]:
+            self._call(self.sync.unload(self.loaded.pop(stale)))
+            shutil.rmtree(self.run.adapter_dir(stale), ignore_errors=True)
+        return {**metrics, "time/sync": time.monotonic() - started}
+
+    def finish(self, batch: Batch, *, evaluate: bool) -> dict[str, float]:
+        """Write rollouts/step_N.jsonl; evaluate the newest policy when asked."""
+        write_rollouts(self.run.rollouts_file(batch.step), batch.groups, batch.policy_version)
+        return self.evaluate(max(self.loaded), batch.step) if evaluate else {}
+
+    def policies_in_use(self, step: int) -> dict[int, Path]:
+        queued = sorted({v for v, _ in self.pending.values() if 0 < v < step})
+        return {v: self.run.adapter_dir(v) for v in queued}
+
+    # --- rollouts
     async def _generate_after_previous(self, step: int, version: int) -> Batch:
         previous, self._previous = self._previous, asyncio.current_task()
         if previous is not None:  # one batch at a time, in submission order
@@ -146,79 +195,75 @@ class Orchestrator:
         return Batch(step, version, groups, time.monotonic() - started)
 
     async def _generate(self, step: int, model: str) -> list[list[State]]:
-        sampling_args = self.args.sampling_args()
-
         async def group(row: dict) -> list[State]:
             inputs = [dict(row) for _ in range(self.args.rollouts_per_example)]
             async with self.group_slots:
-                return await self.env.run_group(inputs, self.client, model, sampling_args)
+                return await self.env.run_group(inputs, self.client, model, self.sampling_args)
 
         rows = [self.rows[i] for i in self.order.indices(step)]
         return list(await asyncio.gather(*(group(row) for row in rows)))
 
-    def get(self, step: int, should_stop: Callable[[], bool] = lambda: False) -> Batch | None:
-        """Wait for batch `step`; None if `should_stop()` turns true first. Errors re-raise here."""
-        _, fut = self.pending[step]
-        while True:
-            try:
-                batch = fut.result(timeout=0.2)
-            except concurrent.futures.TimeoutError:
-                if should_stop():
-                    return None
-                if not self._thread.is_alive():
-                    raise VfkitError("the rollout thread died; see the log above") from None
-                continue
-            del self.pending[step]
-            return batch
-
     # --- policies
-    def adapter_name(self, version: int) -> str:
-        return f"{self.adapter_prefix}-step{version}"
+    def _load_verified(self, version: int, adapter_dir: Path, learner: Any) -> dict[str, float]:
+        """Load an adapter as policy `version`; prove it is the trained one (metrics say how).
 
-    def publish(self, version: int, adapter_dir: Path) -> Probe | None:
-        """Hot-load an adapter as policy `version`; return a probe sampled under it (if asked)."""
-        name = self.adapter_name(version)
+        With a server that reports fingerprints the check is exact (one re-load on a mismatch).
+        Otherwise a probe completion's logprobs are compared with the trainer's, and a doubt
+        is re-checked with fresh probes before it may stop the run.
+        """
+        name, trained = self.run.adapter_name(version), fingerprint_dir(adapter_dir)
+        card = self._timed_load(name, adapter_dir)
+        if card.get("fingerprint") is not None:
+            if card["fingerprint"] != trained:
+                logger.warning("adapter %s: fingerprint differs after load; loading again", name)
+                card = self._timed_load(name, adapter_dir)
+            check_fingerprint(name, str(card.get("fingerprint")), trained)
+            self.loaded[version] = name
+            return {"sync/fingerprint_ok": 1.0}
+        self.loaded[version] = name
+        if learner is None or not self.args.probe_enabled:
+            return {}
+        return {"sync/probe_diff": self._probe_check(name, learner)}
 
-        async def load() -> Probe | None:
-            await self.sync.load(name, adapter_dir)
-            return await self.sync.probe(name) if self.args.probe_enabled else None
+    def _probe_check(self, name: str, learner: Any) -> float:
+        tolerance = self.args.adapter_probe_tolerance
+        for attempt in range(PROBE_RECHECKS):
+            probe = self._call(self.sync.probe(name, seed=attempt))
+            try:
+                return check_probe(name, probe, learner.probe_logprobs(probe), tolerance)
+            except AdapterSyncError as doubt:
+                if attempt == PROBE_RECHECKS - 1:
+                    raise
+                logger.warning("%s; checking again with a fresh probe", doubt)
+        raise AssertionError("unreachable")
 
+    def _timed_load(self, name: str, adapter_dir: Path) -> dict:
         # load and probe each retry an unreachable server for up to sync_timeout themselves
         limit = 2 * self.args.sync_timeout + 5
         try:
-            probe = self._call(asyncio.wait_for(load(), limit))
+            return self._call(asyncio.wait_for(self.sync.load(name, adapter_dir), limit))
         except TimeoutError:
             raise AdapterSyncError(
                 f"loading adapter {name} took over {limit:.0f} s;"
                 " raise trainer.args.sync_timeout or check the server log"
             ) from None
-        self.loaded[version] = name
-        return probe
-
-    def probe(self, version: int) -> Probe:
-        """A fresh probe completion under an already loaded policy version."""
-        return self._call(self.sync.probe(self.loaded[version]))
-
-    def release_unused(self, current: int) -> list[int]:
-        """Unload adapters no queued batch and not the current policy uses; return versions."""
-        in_use = {v for v, _ in self.pending.values()} | {current, 0}
-        stale = [v for v in self.loaded if v not in in_use]
-        for version in stale:
-            self._call(self.sync.unload(self.loaded.pop(version)))
-        return stale
 
     # --- evaluation
-    def evaluate(self, version: int) -> list[State]:
-        """One rollout per eval row under policy `version` (scored by the eval env's rubric)."""
-        model, sampling_args = self.loaded[version], self.args.sampling_args()
+    def evaluate(self, version: int, step: int = 0) -> dict[str, float]:
+        """eval/reward/mean, eval/reward/<fn>, eval/errors on the held-out rows (one rollout
+        each, scored by the eval env's rubric); the rollouts go to rollouts/eval_step_N.jsonl."""
+        started = time.monotonic()
+        model = self.loaded[version]
 
         async def run() -> list[State]:
             async def one(row: dict) -> State:
                 async with self.group_slots:
                     return await self.eval_env.run_rollout(
-                        dict(row), self.client, model, sampling_args
+                        dict(row), self.client, model, self.eval_sampling_args
                     )
 
             return list(await asyncio.gather(*(one(row) for row in self.eval_rows)))
 
-        return self._call(run())
+        states = self._call(run())
+        write_rollouts(self.run.eval_rollouts_file(step), [[s] for s in states], version)
+        return {**reward_metrics(states, prefix="eval/"), "time/eval": time.monotonic() - started}

@@ -89,7 +89,8 @@ def probe_logprobs(
     """The trainer's logprobs of a server-sampled completion (to verify a hot-loaded adapter)."""
     was_training = model.training
     model.eval()
-    ids = torch.tensor([prompt_ids + completion_ids])
+    device = next(model.parameters()).device
+    ids = torch.tensor([prompt_ids + completion_ids], device=device)
     logprobs, _ = token_logprobs(model, ids, torch.ones_like(ids), temperature)
     model.train(was_training)
     return logprobs[0, len(prompt_ids) - 1 :].tolist()

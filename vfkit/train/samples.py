@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vfkit.client.limits import SequenceLimits
 from vfkit.types import State
 
 
@@ -81,8 +82,26 @@ def build_samples(
         for sample in samples:
             if mask_truncated and sample.is_truncated:
                 counts.truncated_masked += 1
-            elif len(sample) > max_seq_len:
+            elif not SequenceLimits(max_seq_len).sequence_fits(len(sample)):
                 counts.too_long += 1
             elif sample.num_loss_tokens:
                 out.append(sample)
     return out, counts
+
+
+def nothing_to_train(groups: list[list[State]]) -> str | None:
+    """Why no rollout of a batch can train (every one failed or produced no completion token,
+    e.g. every prompt too long for the context); None when at least one can."""
+    reasons: dict[str, int] = {}
+    first_error = ""
+    for state in (s for group in groups for s in group):
+        if not state.get("error") and any(
+            (step.get("tokens") or {}).get("completion_ids")
+            for step in state.get("trajectory") or []
+        ):
+            return None
+        reason = "error" if state.get("error") else str(state.get("stop_condition") or "empty")
+        reasons[reason] = reasons.get(reason, 0) + 1
+        first_error = first_error or str(state.get("error") or "")
+    why = ", ".join(f"{n} {reason}" for reason, n in sorted(reasons.items())) or "no rollouts"
+    return f"{why}; first error: {first_error[:300]}" if first_error else why

@@ -1,4 +1,8 @@
-"""The inference server the rollouts use: an already-running one (base_url) or one we start."""
+"""Where a run's parts go: the server backend, GPU ids, CPU thread split, the server's flags.
+
+`inference_server` yields the URL rollouts use: `inference.base_url`, or a server started here
+with those choices (vfkit/serve/launcher.py starts and health-checks it).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from vfkit.train.config import RunConfig, gpu_count
+from vfkit.train.rundir import RunDir
 
 # [inference.args] keys that are start_server() parameters; the rest become --flags
 LAUNCHER_KWARGS = (
@@ -70,7 +75,7 @@ def cpu_threads(cfg: RunConfig) -> tuple[int, int] | None:
     return int(cfg.inference.args.get("threads", max(1, cores - trainer))), trainer
 
 
-def launcher_kwargs(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
+def launcher_kwargs(cfg: RunConfig, run: RunDir) -> dict[str, Any]:
     """Keyword arguments for vfkit.serve.launcher.start_server."""
     inf = cfg.inference
     kwargs = {k: inf.args[k] for k in LAUNCHER_KWARGS if k in inf.args}
@@ -87,8 +92,8 @@ def launcher_kwargs(cfg: RunConfig, run_dir: Path) -> dict[str, Any]:
         "host": inf.host,
         "port": inf.port or None,
         "api_key": inf.api_key or None,
-        "allowed_adapter_dirs": [str(run_dir.resolve())],
-        "log_path": str(run_dir / "logs" / "server.log"),
+        "allowed_adapter_dirs": [str(run.root.resolve())],
+        "log_path": str(run.server_log),
         "extra_args": extra,
         **kwargs,
     }
@@ -110,7 +115,7 @@ def visible_devices(ids: list[int]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def inference_server(cfg: RunConfig, model_dir: Path, run_dir: Path) -> Iterator[str]:
+def inference_server(cfg: RunConfig, model_dir: Path, run: RunDir) -> Iterator[str]:
     """Yield the server's base URL; a server we started is stopped on exit."""
     if cfg.inference.base_url:
         yield cfg.inference.base_url.rstrip("/")
@@ -118,7 +123,7 @@ def inference_server(cfg: RunConfig, model_dir: Path, run_dir: Path) -> Iterator
     from vfkit.serve.launcher import start_server
 
     with visible_devices(device_ids(cfg)[0]):
-        server = start_server(str(model_dir), **launcher_kwargs(cfg, run_dir))  # waits healthy
+        server = start_server(str(model_dir), **launcher_kwargs(cfg, run))  # waits healthy
     try:
         yield server.base_url
     finally:

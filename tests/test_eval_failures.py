@@ -1,0 +1,214 @@
+"""Errors are not results: vf-eval against a server that dies, fails, or a reward that raises.
+
+Real CLI in a subprocess, real HTTP to the scripted TestServer (helpers from test_eval_cli).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+from test_eval_cli import cli_env, echo_responder, read_rows, run_dirs, vf_eval
+
+from vfkit.evaluation.failures import FailureTally, infrastructure_error
+from vfkit.testing.scripted_server import TestServer
+
+
+def _state(error: str | None, stop: str | None) -> dict:
+    return {"error": error, "stop_condition": stop}
+
+
+@pytest.mark.parametrize(
+    ("error", "stop", "infra"),
+    [
+        ("APIConnectionError: Connection error.", "error", True),
+        ("APITimeoutError: Request timed out.", "error", True),
+        ("InternalServerError: Error code: 503 - overloaded", "error", True),
+        ("RateLimitError: Error code: 429", "error", True),
+        ("ConnectionResetError: [Errno 104] Connection reset by peer", "error", True),
+        ("BadRequestError: Error code: 400 - bad temperature", "error", False),  # data
+        ("ValueError: the environment's own bug", "error", False),  # data
+        ("reward function exact raised ValueError: boom", "completed", False),  # scored row
+        (None, "completed", False),
+    ],
+)
+def test_infrastructure_errors_are_told_from_data(error, stop, infra):
+    assert (infrastructure_error(_state(error, stop)) is not None) is infra
+
+
+def test_tally_stops_after_failures_in_a_row_and_a_success_resets_it():
+    tally = FailureTally("http://u:***@h/v1")
+    dead = _state("APIConnectionError: Connection error.", "error")
+    ok = _state(None, "completed")
+    assert [tally.keep(s) for s in (dead, dead, ok)] == [False, False, True]
+    for _ in range(7):
+        tally.keep(dead)
+    tally.check()  # 7 in a row since the success: not yet
+    tally.keep(dead)
+    with pytest.raises(Exception, match="stopped answering: 8 rollouts in a row"):
+        tally.check()
+    assert tally.as_metadata() == {
+        "failed_rollouts": 10,
+        "failure_reasons": {"APIConnectionError: Connection error.": 10},
+    }
+
+
+@pytest.mark.slow
+def test_server_killed_mid_run_saves_no_error_rows_and_resume_runs_exactly_the_rest(tmp_path):
+    out = tmp_path / "evals"
+    with TestServer(echo_responder) as srv:
+        srv.delay_next(0.3, n=100)  # a slow model, so the server dies mid-run
+        argv = [sys.executable, "-m", "vfkit.cli.eval", "eval-echo", "-b", srv.base_url,
+                "-m", "test-model", "-n", "6", "-r", "2", "-c", "1", "-o", str(out),
+                "--max-retries", "0", "--timeout", "10"]  # fmt: skip
+        proc = subprocess.Popen(argv, cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)  # fmt: skip
+        deadline = time.monotonic() + 120
+        while not any(len(read_rows(d)) >= 4 for d in run_dirs(out)):
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            assert time.monotonic() < deadline, "no rows written"
+            time.sleep(0.05)
+    # the server is gone (its port closed); vf-eval must notice and say so, not score zeros
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 1, stderr
+    assert "Traceback" not in stderr and "--resume" in stderr
+    (run_dir,) = run_dirs(out)
+    before = read_rows(run_dir)
+    assert 4 <= len(before) < 12
+    assert all(r["error"] is None for r in before)  # no reward-0 "Connection error" rows
+    meta = json.loads((run_dir / "metadata.json").read_text())
+    assert meta["status"] == "incomplete"
+    assert meta["missing_rollouts"] == 12 - len(before) == meta["failed_rollouts"]
+    assert "APIConnectionError" in next(iter(meta["failure_reasons"]))
+
+    with TestServer(echo_responder) as srv2:  # a new server, at a new address
+        proc2 = vf_eval(tmp_path, "--resume", str(run_dir), "-b", srv2.base_url)
+        assert proc2.returncode == 0, proc2.stderr
+        assert len(srv2.requests) == 12 - len(before)  # exactly the missing ones, once each
+    rows = read_rows(run_dir)
+    assert rows[: len(before)] == before
+    pairs = sorted((r["example_id"], r["rollout_idx"]) for r in rows)
+    assert pairs == [(e, k) for e in range(6) for k in range(2)]  # none lost or doubled
+    meta = json.loads((run_dir / "metadata.json").read_text())
+    assert meta["status"] == "completed" and meta["missing_rollouts"] == 0
+
+
+@pytest.mark.parametrize(
+    ("status", "saved", "meta_status"),
+    [
+        (503, 0, "incomplete"),  # 5xx after the client's retries: no answer, nothing saved
+        (400, 4, "failed"),  # the server refused every request: data, but nothing scored
+    ],
+)
+def test_every_rollout_failing_exits_non_zero(tmp_path, status, saved, meta_status):
+    with TestServer(echo_responder) as srv:
+        srv.fail_next(status, n=100, message="injected")
+        proc = vf_eval(tmp_path, "eval-echo", "-b", srv.base_url, "-m", "test-model",
+                       "-n", "2", "-r", "2", "-s", "--max-retries", "0")  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    (run_dir,) = run_dirs(tmp_path / "outputs" / "evals")
+    assert len(read_rows(run_dir)) == saved
+    meta = json.loads((run_dir / "metadata.json").read_text())
+    assert meta["status"] == meta_status
+
+
+BOOM_ENV = '''
+from datasets import Dataset
+import vfkit as vf
+
+def picky(completion, answer) -> float:
+    if answer == "boom":
+        raise ValueError("picky cannot score boom")
+    return float(completion[-1]["content"] == answer)
+
+def load_environment():
+    rows = [{"question": f"Repeat: {w}", "answer": w} for w in ("apple", "boom")]
+    return vf.SingleTurnEnv(dataset=Dataset.from_list(rows), rubric=vf.Rubric(funcs=[picky]))
+'''
+
+
+def test_a_raising_reward_function_is_still_a_scored_row(tmp_path):
+    (tmp_path / "eval_boom.py").write_text(BOOM_ENV)
+    env = cli_env()
+    env["PYTHONPATH"] = f"{tmp_path}:{env['PYTHONPATH']}"
+    with TestServer(echo_responder) as srv:
+        proc = subprocess.run(
+            [sys.executable, "-m", "vfkit.cli.eval", "eval-boom", "-b", srv.base_url,
+             "-n", "2", "-r", "2", "-s"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (run_dir,) = run_dirs(tmp_path / "outputs" / "evals")
+    rows = read_rows(run_dir)
+    assert len(rows) == 4
+    boom = [r for r in rows if r["answer"] == "boom"]
+    assert all(r["reward"] == 0.0 and "picky cannot score boom" in r["error"] for r in boom)
+    assert all(r["stop_condition"] != "error" for r in boom)  # it ran; only scoring failed
+    meta = json.loads((run_dir / "metadata.json").read_text())
+    assert meta["status"] == "completed" and meta["avg_reward"] == pytest.approx(0.5)
+
+
+
+@pytest.mark.slow
+def test_two_resumes_of_one_run_the_second_refuses_at_once(tmp_path):
+    with TestServer(echo_responder) as srv:
+        proc = vf_eval(tmp_path, "eval-echo", "-b", srv.base_url, "-n", "6", "-r", "2", "-s")
+        assert proc.returncode == 0, proc.stderr
+        (run_dir,) = run_dirs(tmp_path / "outputs" / "evals")
+        (run_dir / "results.jsonl").write_text("")  # as if nothing had been saved: 12 to run
+        srv.delay_next(0.3, n=100)
+        first = subprocess.Popen(
+            [sys.executable, "-m", "vfkit.cli.eval", "--resume", str(run_dir), "-c", "1"],
+            cwd=tmp_path, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 120
+        while not read_rows(run_dir):  # the first resume is under way
+            assert first.poll() is None, first.stderr.read() if first.stderr else ""
+            assert time.monotonic() < deadline, "the first resume wrote nothing"
+            time.sleep(0.05)
+        second = vf_eval(tmp_path, "--resume", str(run_dir))
+        assert first.poll() is None, "the first resume ended before the second was refused"
+        assert second.returncode == 1
+        assert str(run_dir) in second.stderr and f"pid {first.pid}" in second.stderr
+        assert "Traceback" not in second.stderr
+        assert first.wait(timeout=120) == 0
+    pairs = [(r["example_id"], r["rollout_idx"]) for r in read_rows(run_dir)]
+    assert sorted(pairs) == [(e, k) for e in range(6) for k in range(2)]  # no duplicates
+
+
+@pytest.mark.slow
+def test_embedded_server_killed_mid_run_then_resume_finishes(tiny_model_path, tmp_path):
+    import psutil
+
+    out = tmp_path / "evals"
+    argv = [sys.executable, "-m", "vfkit.cli.eval", "eval-echo", "-m", str(tiny_model_path),
+            "-a", '{"num_rows": 8}', "-n", "8", "-r", "2", "-t", "48", "-c", "1",
+            "--max-retries", "0", "-o", str(out)]  # fmt: skip
+    proc = subprocess.Popen(argv, cwd=tmp_path, env=cli_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 240
+    while not any(read_rows(d) for d in run_dirs(out) if (d / "results.jsonl").exists()):
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        assert time.monotonic() < deadline, "no rows written"
+        time.sleep(0.05)
+    (server,) = psutil.Process(proc.pid).children()  # the embedded server
+    server.kill()  # SIGKILL: the server dies mid-run
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 1, stderr
+    assert "Traceback" not in stderr and "--resume" in stderr
+    (run_dir,) = run_dirs(out)
+    before = read_rows(run_dir)
+    assert 0 < len(before) < 16 and all(r["error"] is None for r in before)
+    meta = json.loads((run_dir / "metadata.json").read_text())
+    assert meta["status"] == "incomplete" and meta["missing_rollouts"] == 16 - len(before)
+
+    proc2 = vf_eval(tmp_path, "--resume", str(run_dir), timeout=300)  # a fresh embedded server
+    assert proc2.returncode == 0, proc2.stderr
+    pairs = sorted((r["example_id"], r["rollout_idx"]) for r in read_rows(run_dir))
+    assert pairs == [(e, k) for e in range(8) for k in range(2)]
+    assert json.loads((run_dir / "metadata.json").read_text())["status"] == "completed"

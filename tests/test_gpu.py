@@ -1,0 +1,77 @@
+"""The `gpu` set: what must hold on a CUDA device (skipped where there is none, as in CI).
+
+Run on a GPU machine with `pytest -m gpu tests` (../shared/gpu/README.md packs what a bare one
+lacks). Each test compares a CUDA result with the same computation on the CPU, so a tensor left
+on the wrong device or a dtype surprise fails here rather than in a user's run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+@pytest.fixture(autouse=True)
+def _train_envs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "fixtures" / "train_envs"))
+
+
+def test_training_steps_run_on_the_gpu_and_change_the_adapter(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
+    import train_testing
+
+    from vfkit.testing.scripted_server import TestServer
+    from vfkit.train.phases import train
+
+    with TestServer(train_testing.GroupResponder()) as srv:
+        cfg = train_testing.tiny_config(tiny_model_path, tmp_path, srv.base_url,
+                                        "trainer.args.max_steps=2", "trainer.args.bf16=true")
+        run_dir = train(cfg)
+    rows = train_testing.metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["samples/trained"] > 0 and r["grad_norm"] > 0 for r in rows)
+
+
+def test_probe_logprobs_on_gpu_match_the_cpu(tiny_model_path: Path) -> None:
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from vfkit.train.policy import probe_logprobs
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    model = get_peft_model(base, LoraConfig(r=4, target_modules="all-linear",
+                                            init_lora_weights=False))
+    prompt, completion = [5, 6, 7, 8], [9, 10, 11]
+    on_cpu = probe_logprobs(model, prompt, completion, 1.0)
+    on_gpu = probe_logprobs(model.to("cuda"), prompt, completion, 1.0)
+    assert on_gpu == pytest.approx(on_cpu, abs=1e-3)
+
+
+def test_embedded_server_on_gpu_serves_logprobs_of_the_model(tiny_model_path: Path) -> None:
+    from openai import OpenAI
+    from transformers import AutoModelForCausalLM
+
+    from vfkit.serve.launcher import start_server
+
+    with start_server(str(tiny_model_path), extra_args=["--device", "cuda", "--dtype",
+                                                        "float32"]) as server:
+        client = OpenAI(base_url=server.base_url, api_key="x")
+        out = client.completions.create(model=str(tiny_model_path), prompt="abc", max_tokens=4,
+                                        temperature=1.0, logprobs=1, seed=0,
+                                        extra_body={"return_token_ids": True})
+    choice = out.model_dump()["choices"][0]
+    prompt_ids, ids = out.model_dump()["prompt_token_ids"], choice["token_ids"]
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    logits = model(torch.tensor([prompt_ids + ids])).logits[0, len(prompt_ids) - 1 : -1]
+    want = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids)[:, None])[:, 0]
+    got = torch.tensor(choice["logprobs"]["token_logprobs"])
+    assert (got - want).abs().max() < 1e-2

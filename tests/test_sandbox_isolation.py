@@ -1,0 +1,196 @@
+"""What each run reports about its kernel isolation, and how the sandbox degrades without root.
+
+The escapes themselves are in test_sandbox_escapes.py; here: the report is true (as root every
+layer holds on a kernel that gives namespaces), the host's own mounts are untouched, and a
+non-root user gets the namespaces and seccomp, a clear "none (why)" for the per-sandbox uid, a
+logged warning, and a refusal when `require_isolation` is set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+
+import pytest
+
+import vfkit
+from vfkit.sandbox import SandboxLimits, run_python
+
+AS_ROOT = os.geteuid() == 0
+LIMITS = SandboxLimits(timeout_s=8, cpu_seconds=8)
+REPO = str(Path(vfkit.__file__).resolve().parents[1])
+
+
+def _skip_unless_kernel_gave(isolation: dict[str, str], *layers: str) -> None:
+    missing = {k: isolation[k] for k in layers if isolation[k].startswith("none")}
+    if missing:
+        pytest.skip(f"this machine does not give {missing}")
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="a uid of its own per sandbox needs root")
+async def test_as_root_every_layer_holds_and_says_how() -> None:
+    code = ("import os\n"
+            "print(os.getpid(), sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))")
+    result = await run_python(code, LIMITS)
+    assert result.ok, result.stderr
+    _skip_unless_kernel_gave(result.isolation, "network", "ipc", "processes", "filesystem",
+                             "syscalls")
+    assert result.isolation["network"] == "netns" and result.isolation["ipc"] == "ipcns"
+    assert result.isolation["processes"] == "pidns"
+    assert result.stdout == "2 [1, 2]\n"  # its own /proc: the run's init and the code, no more
+    assert result.isolation["filesystem"].startswith("read-only except the sandbox directory")
+    assert result.isolation["syscalls"] == "seccomp filter"
+    assert result.isolation["identity"].startswith("uid 62")  # leased from 620000-624095
+    strict = await run_python("print('hi')", SandboxLimits(timeout_s=8, require_isolation=True))
+    assert strict.ok and strict.stdout == "hi\n"
+
+
+async def test_the_hosts_mounts_and_tmp_are_untouched() -> None:
+    before = Path("/proc/self/mountinfo").read_text()
+    result = await run_python("import os\nprint(len(os.listdir('/dev/shm')))", LIMITS)
+    assert result.ok, result.stderr
+    _skip_unless_kernel_gave(result.isolation, "filesystem")
+    assert result.stdout == "0\n"  # the sandbox's /dev/shm is its own, empty tmpfs
+    assert Path("/proc/self/mountinfo").read_text() == before  # nothing propagated back
+    probe = Path("/tmp") / f"vfkit-host-write-{uuid.uuid4().hex}"
+    probe.write_text("x")  # the host still writes where the sandbox cannot
+    probe.unlink()
+
+
+async def test_ordinary_code_still_works_under_the_kernel_layers() -> None:
+    """Threads (clone3 falls back to clone), processes, semaphores in /dev/shm, temp files,
+    sqlite in the directory, /dev/null: what the filter and the read-only view must not break."""
+    code = textwrap.dedent("""
+        import multiprocessing, os, sqlite3, tempfile
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(4) as pool:
+            print(sum(pool.map(lambda x: x * x, range(10))))
+        with multiprocessing.Pool(2) as pool:
+            print(pool.map(abs, [-1, -2]))
+        with tempfile.NamedTemporaryFile() as f:
+            print(f.name.startswith(os.getcwd()))
+        db = sqlite3.connect('db.sqlite')
+        db.execute('create table t(x)')
+        db.commit()
+        open(os.devnull, 'w').write('x')
+        print('done')
+        """)
+    result = await run_python(code, SandboxLimits(timeout_s=20, cpu_seconds=20))
+    assert result.ok, result.stderr
+    assert result.stdout == "285\n[1, 2]\nTrue\ndone\n"  # 0 + 1 + 4 + ... + 81 = 285
+
+
+async def test_isolate_network_off_is_reported_as_off() -> None:
+    result = await run_python("print(1)", SandboxLimits(timeout_s=8, isolate_network=False))
+    assert result.ok and result.network == "off"
+
+
+# Runs as an unprivileged user: only builtin modules may be imported after set-up, because this
+# machine's interpreter lives under /root, readable only through the capability the user is lent.
+_AS_USER = """
+    import asyncio, json, logging, os, sys
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    from vfkit.sandbox import SandboxLimits, run_python
+    async def main():
+        code = sys.argv[1].replace("HOST_PID", str(os.getpid()))
+        lax = await run_python(code, SandboxLimits(timeout_s=8))
+        strict = await run_python("print(1)", SandboxLimits(timeout_s=8, require_isolation=True))
+        print(json.dumps({"lax": [lax.status, lax.stdout, lax.stderr, lax.isolation],
+                          "strict": [strict.status, strict.stderr]}))
+    asyncio.run(main())
+"""
+_HOOK_OFF_THEN_WRITE = """
+import gc, os
+hook = next(o for o in gc.get_objects()
+            if getattr(o, '__qualname__', '') == 'make_audit_hook.<locals>.hook')
+dict(zip(hook.__code__.co_freevars, hook.__closure__))['deny'].cell_contents = lambda what: None
+try:
+    open({target!r}, 'w').write('x')
+except OSError as exc:
+    print('refused', exc.errno)
+try:
+    os.kill(HOST_PID, 0)  # the host process that started this sandbox, same user
+except OSError as exc:
+    print('refused', exc.errno)
+try:
+    open('/proc/1/mem', 'rb')  # the namespace's init keeps its capabilities: out of reach
+except OSError as exc:
+    print('refused', exc.errno)
+print([line for line in open('/proc/self/status') if line.startswith('CapEff')][0].split())
+"""
+
+
+@pytest.mark.skipif(not AS_ROOT or not shutil.which("setpriv"),
+                    reason="becoming an unprivileged user needs root and util-linux setpriv")
+def test_without_root_the_sandbox_degrades_out_loud() -> None:
+    target = Path(f"/tmp/vfkit-nonroot-escape-{uuid.uuid4().hex}")
+    try:
+        _check_nonroot_run(target)
+    finally:
+        target.unlink(missing_ok=True)
+
+
+def _check_nonroot_run(target: Path) -> None:
+    code = _HOOK_OFF_THEN_WRITE.format(target=str(target))
+    # nobody, lent CAP_DAC_READ_SEARCH only so that it can read this interpreter
+    cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+           "--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search",
+           sys.executable, "-c", textwrap.dedent(_AS_USER), code]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd="/",
+                          env={"PYTHONPATH": REPO, "PATH": os.environ.get("PATH", "")})
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    (status, stdout, stderr, isolation), (strict_status, strict_error) = (
+        report["lax"], report["strict"])
+    assert not target.exists()
+    assert isolation["identity"] == "none (not root: runs as your own user)"
+    assert "no kernel-enforced identity isolation" in proc.stderr  # logged, not silent
+    assert strict_status == "setup_failed"
+    assert "SandboxLimits.require_isolation" in strict_error and "identity" in strict_error
+    assert status == "ok", stderr
+    _skip_unless_kernel_gave(isolation, "filesystem", "syscalls")
+    assert isolation["network"] == "userns+netns" and isolation["ipc"] == "userns+ipcns"
+    assert isolation["filesystem"].endswith("(in a user namespace)")
+    assert isolation["processes"] == "userns+pidns"
+    # with the hook disabled: EROFS (read-only view), ESRCH (the host's processes are out of the
+    # pid namespace), EACCES (init's memory), and no capability left in the user namespace
+    assert stdout == "refused 30\nrefused 3\nrefused 13\n['CapEff:', '0000000000000000']\n"
+
+
+_REFUSE_NAMESPACES = """
+    import asyncio, ctypes, json, logging, sys
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    from vfkit.sandbox import SandboxLimits, _seccomp, run_python
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.prctl(38, 1, 0, 0, 0) == 0  # PR_SET_NO_NEW_PRIVS, needed for the filter
+    # the sandbox's own filter refuses unshare: a machine where namespaces are not allowed
+    _seccomp.install(ctypes, libc, allow_exec=True, unix_sockets_only=False)
+    async def main():
+        lax = await run_python("print('hi')", SandboxLimits(timeout_s=8))
+        strict = await run_python("print(1)", SandboxLimits(timeout_s=8, require_isolation=True))
+        print(json.dumps({"lax": [lax.status, lax.stdout, lax.isolation],
+                          "strict": [strict.status, strict.stderr]}))
+    asyncio.run(main())
+"""
+
+
+def test_where_namespaces_are_refused_each_missing_layer_is_stated() -> None:
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_REFUSE_NAMESPACES)],
+                          capture_output=True, text=True, timeout=120,
+                          env={"PYTHONPATH": REPO, "PATH": os.environ.get("PATH", "")})
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    (status, stdout, isolation), (strict_status, strict_error) = report["lax"], report["strict"]
+    assert status == "ok" and stdout == "hi\n"  # it still runs, and says with what
+    for layer in ("network", "ipc", "processes", "filesystem"):
+        assert isolation[layer].startswith("none (unshare"), isolation
+        assert f"no kernel-enforced {layer} isolation" in proc.stderr
+        assert f"{layer}: none (unshare" in strict_error
+    assert isolation["syscalls"] == "seccomp filter"
+    assert strict_status == "setup_failed" and "require_isolation" in strict_error

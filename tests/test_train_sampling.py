@@ -1,0 +1,56 @@
+"""Sampling-arg precedence in training: built-in defaults < env's own < config keys set."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vfkit.client.sampling import merge_sampling_args
+from vfkit.testing.scripted_server import TestServer
+from vfkit.train.phases import load_envs, train, with_rollout_sampling
+
+ENV_SAMPLING = 'env.args.sampling_args={max_tokens = 5, temperature = 0.5, top_k = 3}'
+
+
+@pytest.fixture(autouse=True)
+def _train_envs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "fixtures" / "train_envs"))
+
+
+def test_merge_order_and_extra_body() -> None:
+    merged = merge_sampling_args(
+        {"max_tokens": 128, "temperature": 1.0},          # built-in defaults
+        {"max_tokens": 48, "top_k": 5},                    # the environment's own
+        {"temperature": 0.7, "extra_body": {"top_k": 7}},  # keys the config sets
+    )
+    assert merged == {"max_tokens": 48, "temperature": 0.7, "extra_body": {"top_k": 7}}
+
+
+def test_env_sampling_args_reach_the_server_unless_the_config_sets_them(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
+    import train_testing
+
+    with TestServer(train_testing.GroupResponder()) as srv:
+        # tiny_config writes max_tokens = 8 in [trainer.args]; it says nothing of temperature
+        cfg = train_testing.tiny_config(tiny_model_path, tmp_path, srv.base_url, ENV_SAMPLING,
+                                        "trainer.args.max_steps=1")
+        train(cfg)
+        bodies = list(srv.requests)
+    assert bodies and all(b["max_tokens"] == 8 for b in bodies)  # the config wins
+    assert all(b["temperature"] == 0.5 for b in bodies)  # the env's own, config silent
+    assert all(b["top_k"] == 3 for b in bodies)  # vLLM-only knob, sent in the body
+
+
+def test_the_loss_uses_the_temperature_rollouts_were_sampled_with(tiny_model_path: Path) -> None:
+    import train_testing
+
+    cfg = train_testing.tiny_config(tiny_model_path, Path("/tmp"), "http://x/v1", ENV_SAMPLING)
+    env, _ = load_envs(cfg)
+    resolved, sampling = with_rollout_sampling(cfg, env)
+    assert sampling["temperature"] == resolved.trainer.args.temperature == 0.5
+    assert resolved.trainer.args.max_tokens == 8
+    set_by_config = train_testing.tiny_config(tiny_model_path, Path("/tmp"), "http://x/v1",
+                                              ENV_SAMPLING, "trainer.args.temperature=0.9")
+    assert with_rollout_sampling(set_by_config, env)[0].trainer.args.temperature == 0.9

@@ -1,0 +1,23 @@
+"""`verifiers.types` of 0.1.x: the type names classic environments annotate with."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vfkit.compat.outputs import ClassicOutputs as GenerateOutputs
+from vfkit.rubrics.rubric import RewardFunc
+from vfkit.types import Message, Messages, SamplingArgs, State, TrajectoryStep
+
+ChatMessage = Message
+Info = dict[str, Any]
+RolloutInput = dict[str, Any]
+GenerateMetadata = dict[str, Any]
+MessageType = str
+IndividualRewardFunc = RewardFunc
+GroupRewardFunc = RewardFunc
+
+__all__ = [
+    "ChatMessage", "GenerateMetadata", "GenerateOutputs", "GroupRewardFunc",
+    "IndividualRewardFunc", "Info", "Message", "MessageType", "Messages", "RewardFunc",
+    "RolloutInput", "SamplingArgs", "State", "TrajectoryStep",
+]

@@ -1,0 +1,1 @@
+"""Helpers shared by environments: example datasets and answer extraction."""
