@@ -23,8 +23,8 @@ def test_the_issue_environments_are_all_there() -> None:
 def test_package_metadata(folder: Path) -> None:
     meta = tomllib.loads((folder / "pyproject.toml").read_text())
     project = meta["project"]
-    module = folder.name.replace("-", "_")
-    assert project["name"] == folder.name
+    module = "vfkit_" + folder.name.replace("-", "_")  # never shadows verifiers' own packages
+    assert project["name"] == f"vfkit-{folder.name}"
     assert "vfkit" in project["dependencies"]  # unpinned: satisfied by the local install
     assert project["entry-points"]["vfkit.environments"] == {
         folder.name: f"{module}:load_environment"}

@@ -151,7 +151,7 @@ async def test_an_escape_in_a_tool_call_fails_and_the_rollout_goes_on(places) ->
     env_dir = str(Path(vfkit.__file__).resolve().parents[1] / "environments" / "python-sandbox")
     if env_dir not in sys.path:
         sys.path.insert(0, env_dir)
-    import python_sandbox  # from this checkout, after the path line above
+    import vfkit_python_sandbox as python_sandbox  # from this checkout (path line above)
 
     escape = _DISABLE_HOOK + "    open('{tmp}', 'w').write('x')\n"
     script = [Reply(tool_calls=[{"name": "run_python", "arguments": {"code": code}}])

@@ -40,6 +40,7 @@ plus a small format reward for well-formed tags.
 from __future__ import annotations
 
 import vfkit as vf
+from vfkit.bridge import v1_exports
 
 WORDS = ["apple", "river", "candle", "orbit", "maple", "violet", "harbor", "pixel"]
 SYSTEM_PROMPT = "Reply with the requested word inside <answer></answer> tags."
@@ -58,6 +59,10 @@ def load_environment(num_examples: int = len(WORDS)) -> vf.Environment:
                        weights=[1.0, 0.2], parser=parser)
     return vf.SingleTurnEnv(dataset=rows, system_prompt=SYSTEM_PROMPT, parser=parser,
                             rubric=rubric)
+
+
+# verifiers v1 / prime-rl: `vf.load_taskset("$name")` (needs vfkit[verifiers])
+__all__, __getattr__ = v1_exports("$name", load_environment)
 ''')
 
 README = Template('''\

@@ -1,8 +1,9 @@
 """Find and load environment packages by id.
 
-An environment package is an importable module named after its id (`-` -> `_`) that exposes
-`load_environment(**kwargs) -> Environment`, optionally advertised under the entry-point group
-"vfkit.environments" (name = id, value = module or "module:function"):
+An environment package is an importable module named after its id (`-` -> `_`), or that name
+with a `vfkit_` prefix (vfkit's own packages, so `reverse-text` never shadows verifiers' package
+of the same name), that exposes `load_environment(**kwargs) -> Environment`, optionally advertised
+under the entry-point group "vfkit.environments" (name = id, value = module or "module:function"):
 
     env = vf.load_environment("reverse-text", max_examples=100)
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import sys
 from collections.abc import Callable
 from importlib import metadata
@@ -78,12 +80,23 @@ def _import(env_id: str, module_name: str) -> Any:
 
 
 def _loader(env_id: str) -> Any:
-    """The load_environment function of `env_id` (entry point first, then module import)."""
+    """The load_environment function of `env_id`: module `vfkit_<id>` (vfkit's own packages),
+    else the entry point, else module `<id>`."""
+    module_name = env_id.replace("-", "_")
+    prefixed = f"vfkit_{module_name}"
+    if "." not in module_name and importlib.util.find_spec(prefixed) is not None:
+        return getattr(_import(env_id, prefixed), "load_environment", None)
     ep = _entry_points().get(env_id) or _entry_points().get(env_id.replace("_", "-"))
     if ep is not None:
-        target = _classic_fallback(ep.load)
-        return target if callable(target) else getattr(target, "load_environment", None)
-    module = _import(env_id, env_id.replace("-", "_"))
+        try:
+            target = _classic_fallback(ep.load)
+        except ModuleNotFoundError as e:
+            if e.name != ep.module.split(".")[0]:
+                raise  # the environment exists but one of its own imports is missing
+            target = None  # a stale entry point (its package was renamed or removed)
+        if target is not None:
+            return target if callable(target) else getattr(target, "load_environment", None)
+    module = _import(env_id, module_name)
     return getattr(module, "load_environment", None)
 
 

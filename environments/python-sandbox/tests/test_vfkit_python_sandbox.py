@@ -17,7 +17,7 @@ ENV_DIR = str(Path(__file__).resolve().parents[1])
 if ENV_DIR not in sys.path:  # importable from a checkout, installed or not
     sys.path.insert(0, ENV_DIR)
 
-import python_sandbox  # noqa: E402  # after the path line above
+import vfkit_python_sandbox as python_sandbox  # noqa: E402  # after the path line above
 
 ROW = {"question": "What is 6 * 7?", "answer": "42"}
 

@@ -14,6 +14,7 @@ import random
 import re
 
 import vfkit as vf
+from vfkit.bridge import v1_exports
 
 INT_RE = re.compile(r"-?\d+")
 PROMPT = (
@@ -93,3 +94,7 @@ def load_environment(
         eval_dataset=rows(num_eval_examples, seed + 1), parser=parser, rubric=rubric,
         sampling_args={"max_tokens": max_tokens}, env_id="guess-number",
     )
+
+
+# verifiers v1 / prime-rl: `vf.load_taskset("vfkit-guess-number")` (needs vfkit[verifiers])
+__all__, __getattr__ = v1_exports("guess-number", load_environment)

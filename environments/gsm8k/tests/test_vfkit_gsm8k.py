@@ -18,12 +18,12 @@ ENV_DIR = str(Path(__file__).resolve().parents[1])
 if ENV_DIR not in sys.path:  # importable from a checkout, installed or not
     sys.path.insert(0, ENV_DIR)
 
-import gsm8k  # noqa: E402  # after the path line above
+import vfkit_gsm8k as gsm8k  # noqa: E402  # after the path line above
 
 
 def test_offline_falls_back_to_the_shipped_sample_and_says_so(monkeypatch, caplog) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # load_dataset fails at once without a cache
-    with caplog.at_level(logging.WARNING, logger="gsm8k"):
+    with caplog.at_level(logging.WARNING, logger="vfkit_gsm8k"):
         env = vf.load_environment("gsm8k")
     assert "using the offline sample" in caplog.text
     assert len(env.get_dataset()) == 40 and len(env.get_eval_dataset()) == 20

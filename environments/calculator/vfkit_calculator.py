@@ -14,6 +14,7 @@ import random
 import re
 
 import vfkit as vf
+from vfkit.bridge import v1_exports
 
 SYSTEM_PROMPT = (
     "You have calculator tools. Call them to work out the expression step by step, then reply "
@@ -134,3 +135,7 @@ def load_environment(
         system_prompt=system_prompt, parser=parser, rubric=rubric,
         sampling_args={"max_tokens": max_tokens}, env_id="calculator",
     )
+
+
+# verifiers v1 / prime-rl: `vf.load_taskset("vfkit-calculator")` (needs vfkit[verifiers])
+__all__, __getattr__ = v1_exports("calculator", load_environment)

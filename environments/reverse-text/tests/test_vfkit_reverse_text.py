@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import sys
 from pathlib import Path
 
@@ -15,7 +16,7 @@ ENV_DIR = str(Path(__file__).resolve().parents[1])
 if ENV_DIR not in sys.path:  # importable from a checkout, installed or not
     sys.path.insert(0, ENV_DIR)
 
-import reverse_text  # noqa: E402  # after the path line above
+import vfkit_reverse_text as reverse_text  # noqa: E402  # after the path line above
 
 
 def reverse_request(request: dict) -> str:
@@ -49,6 +50,35 @@ def test_lcs_ratio_arithmetic() -> None:
     assert reverse_text.lcs_ratio("xyz", "olleh") == 0.0
 
 
+def test_echoing_the_input_earns_nothing() -> None:
+    """The old plain LCS ratio paid an echo 0.2-0.3; small models learned to copy (issue 12)."""
+    env = vf.load_environment("reverse-text", num_train_examples=300, max_words=3)
+    texts = [r["info"]["text"] for r in env.get_dataset()] + reverse_text.WORDS
+    echo_scores = [reverse_text.reversal_score(t, t[::-1]) for t in texts]
+    assert max(echo_scores) < 0.05
+    assert reverse_text.lcs_ratio("stone", "enots") == pytest.approx(0.2)  # what an echo got
+
+
+def test_exact_reversal_scores_one_and_partial_reversals_climb() -> None:
+    for text in ["stone", "ocean onion", "rabbit walnut pixel"]:
+        target = text[::-1]
+        prefixes = [reverse_text.reversal_score(target[:k], target)
+                    for k in range(len(target) + 1)]  # the first k characters right
+        assert prefixes[-1] == 1.0 and prefixes[0] == 0.0
+        assert all(a <= b for a, b in itertools.pairwise(prefixes))
+        assert 0.2 < prefixes[len(target) // 2 + 1] < 0.8  # half a reversal: half the credit
+        # half reversed, half echoed: still partial credit, below the full reversal
+        half = target[: len(target) // 2] + text[len(target) // 2:]
+        assert 0.0 < reverse_text.reversal_score(half, target) < 1.0
+
+
+def test_reversal_score_arithmetic() -> None:
+    # echo "ocean onion" vs "noino naeco": ratio 2 * 3 / 22 = 3/11 (the echo level);
+    # "noino": ratio 2 * 5 / 16 = 5/8, so (5/8 - 3/11) / (1 - 3/11) = 31/64
+    assert reverse_text.reversal_score("noino", "noino naeco") == pytest.approx(31 / 64)
+    assert reverse_text.reversal_score("aba", "aba") == 1.0  # a palindrome: plain ratio
+
+
 async def _score(reply: str, **env_args) -> dict:
     env = vf.load_environment("reverse-text", num_eval_examples=5, **env_args)
     row = {**env.get_eval_dataset()[2]}  # "ocean onion" -> "noino naeco"
@@ -63,35 +93,35 @@ async def _score(reply: str, **env_args) -> dict:
 async def test_right_answer() -> None:
     state = await _score("<answer>noino naeco</answer>")
     assert state["error"] is None
-    assert state["metrics"]["lcs_reward"] == 1.0
+    assert state["metrics"]["reversal_reward"] == 1.0
     assert state["reward"] == pytest.approx(1.2)  # 1.0 * 1.0 + format 1.0 * 0.2
     assert state["trajectory"][0]["tokens"]["completion_ids"]  # token ids came back
 
 
 async def test_partly_wrong_answer_gets_partial_credit() -> None:
     state = await _score("<answer>noino</answer>")
-    assert state["metrics"]["lcs_reward"] == pytest.approx(2 * 5 / (5 + 11))
-    assert state["reward"] == pytest.approx(10 / 16 + 0.2)
+    assert state["metrics"]["reversal_reward"] == pytest.approx(31 / 64)  # see the arithmetic test
+    assert state["reward"] == pytest.approx(31 / 64 + 0.2)
 
 
-async def test_wrong_answer_scores_near_zero() -> None:
+async def test_echoed_answer_scores_zero() -> None:
     state = await _score("<answer>ocean onion</answer>")  # not reversed
-    assert state["metrics"]["lcs_reward"] < 0.5
+    assert state["metrics"]["reversal_reward"] == 0.0
     assert state["metrics"]["format_reward_func"] == 1.0
 
 
 async def test_untagged_reply_is_compared_whole_but_gets_no_format_reward() -> None:
     state = await _score("noino naeco")
-    assert state["metrics"]["lcs_reward"] == 1.0
+    assert state["metrics"]["reversal_reward"] == 1.0
     assert state["metrics"]["format_reward_func"] == 0.0
     assert state["reward"] == 1.0
 
 
 @pytest.mark.parametrize("reply", ["noino naeco", "<answer>noino naeco", "<answer></answer>", ""])
-async def test_malformed_answers_get_no_lcs_reward_in_strict_mode(reply: str) -> None:
+async def test_malformed_answers_get_no_reversal_reward_in_strict_mode(reply: str) -> None:
     state = await _score(reply, strict_format=True)
     assert state["error"] is None
-    assert state["metrics"]["lcs_reward"] == 0.0
+    assert state["metrics"]["reversal_reward"] == 0.0
     assert state["reward"] <= 0.2  # at most the format reward (an empty <answer></answer>)
 
 

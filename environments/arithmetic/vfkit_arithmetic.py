@@ -20,6 +20,7 @@ from typing import Any
 import reasoning_gym
 
 import vfkit as vf
+from vfkit.bridge import v1_exports
 
 SYSTEM_PROMPT = (
     "Solve the arithmetic problem. Give only the final number inside <answer></answer> tags."
@@ -89,3 +90,7 @@ def load_environment(
         system_prompt=system_prompt, parser=parser, rubric=rubric,
         sampling_args={"max_tokens": max_tokens}, env_id="arithmetic",
     )
+
+
+# verifiers v1 / prime-rl: `vf.load_taskset("vfkit-arithmetic")` (needs vfkit[verifiers])
+__all__, __getattr__ = v1_exports("arithmetic", load_environment)

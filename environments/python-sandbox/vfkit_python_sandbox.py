@@ -22,6 +22,7 @@ from collections.abc import Callable
 from contextvars import ContextVar
 
 import vfkit as vf
+from vfkit.bridge import v1_exports
 from vfkit.sandbox import Sandbox, SandboxLimits
 
 SYSTEM_PROMPT = (
@@ -168,3 +169,7 @@ def load_environment(
         parser=parser, rubric=rubric, sampling_args={"max_tokens": max_tokens},
         env_id="python-sandbox",
     )
+
+
+# verifiers v1 / prime-rl: `vf.load_taskset("vfkit-python-sandbox")` (needs vfkit[verifiers])
+__all__, __getattr__ = v1_exports("python-sandbox", load_environment)

@@ -1,8 +1,11 @@
 """reverse-text: reverse a short text character by character (single turn).
 
-Reward: `lcs_reward` = difflib.SequenceMatcher ratio between the parsed `<answer>` and the
-reversed text (partial credit for partly right answers; 1.0 exact), plus a format reward (weight
-0.2) for one well-formed `<answer>` block. Without tags the whole reply is compared
+Reward: `reversal_reward` = how much closer the parsed `<answer>` is to the reversed text than an
+echo of the input would be: the difflib LCS ratio to the reversed text, minus the ratio the
+unreversed input gets, rescaled so an echo (or anything no better) scores 0 and an exact reversal
+1.0. Partly right reversals keep partial credit; copying the input earns nothing (a plain LCS
+ratio paid `stone` 0.2 for `enots`, and small models learned to echo). Plus a format reward
+(weight 0.2) for one well-formed `<answer>` block. Without tags the whole reply is compared
 (`strict_format=True`: it scores 0), so a small model that has not learned the tags yet still
 gets a signal for reversing. Texts are made from a seeded word list, so no download
 is needed and train / eval sets never overlap (different seeds, eval texts removed from train).
@@ -17,6 +20,7 @@ import re
 from difflib import SequenceMatcher
 
 import vfkit as vf
+from vfkit.bridge import v1_exports
 
 _WORD_TEXT = """
 apple river candle orbit maple violet harbor pixel garden silver window rocket pepper forest
@@ -52,6 +56,19 @@ def lcs_ratio(response: str, target: str) -> float:
     return SequenceMatcher(None, response, target, autojunk=False).ratio()
 
 
+def reversal_score(response: str, target: str) -> float:
+    """LCS credit above the echo level, in [0, 1]: 0 for the unreversed input, 1 for `target`.
+
+    (ratio(response) - ratio(echo)) / (1 - ratio(echo)), clipped; `target[::-1]` is the echo.
+    A palindrome's echo is the right answer, so there only the plain ratio is left.
+    """
+    echo_ratio = lcs_ratio(target[::-1], target)
+    if echo_ratio >= 1.0:
+        return lcs_ratio(response, target)
+    gain = (lcs_ratio(response, target) - echo_ratio) / (1.0 - echo_ratio)
+    return min(1.0, max(0.0, gain))
+
+
 def answer_text(parser: vf.XMLParser, completion, strict: bool) -> str | None:
     """The <answer> content; without tags, the reply itself (None when strict)."""
     answer = parser.parse_answer(completion)
@@ -83,13 +100,17 @@ def load_environment(
                    if t not in held_out][:num_train_examples]
     parser = vf.XMLParser(["answer"])
 
-    def lcs_reward(completion, answer: str) -> float:
-        """LCS ratio of the parsed answer to the reversed text (0 without an answer)."""
+    def reversal_reward(completion, answer: str) -> float:
+        """LCS credit above the echo level (0 without an answer); see `reversal_score`."""
         response = answer_text(parser, completion, strict_format)
-        return lcs_ratio(response, answer) if response else 0.0
+        return reversal_score(response, answer) if response else 0.0
 
-    rubric = vf.Rubric(funcs=[lcs_reward, parser.get_format_reward_func()],
+    rubric = vf.Rubric(funcs=[reversal_reward, parser.get_format_reward_func()],
                        weights=[1.0, format_weight], parser=parser)
     return vf.SingleTurnEnv(dataset=make_rows(train_texts), eval_dataset=make_rows(eval_texts),
                             system_prompt=system_prompt, parser=parser, rubric=rubric,
                             sampling_args={"max_tokens": max_tokens}, env_id="reverse-text")
+
+
+# verifiers v1 / prime-rl: `vf.load_taskset("vfkit-reverse-text")` (needs vfkit[verifiers])
+__all__, __getattr__ = v1_exports("reverse-text", load_environment)

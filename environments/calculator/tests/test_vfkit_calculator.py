@@ -15,7 +15,7 @@ ENV_DIR = str(Path(__file__).resolve().parents[1])
 if ENV_DIR not in sys.path:  # importable from a checkout, installed or not
     sys.path.insert(0, ENV_DIR)
 
-import calculator  # noqa: E402  # after the path line above
+import vfkit_calculator as calculator  # noqa: E402  # after the path line above
 
 
 def call(name: str, arguments) -> Reply:

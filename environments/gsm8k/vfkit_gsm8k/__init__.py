@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import vfkit as vf
+from vfkit.bridge import v1_exports
 from vfkit.errors import VfkitError
 from vfkit.parsers.utils import extract_boxed_answer
 
@@ -126,3 +127,7 @@ def load_environment(
         system_prompt=system_prompt, parser=parser, rubric=vf.MathRubric(parser=parser),
         sampling_args={"max_tokens": max_tokens}, env_id="gsm8k",
     )
+
+
+# verifiers v1 / prime-rl: `vf.load_taskset("vfkit-gsm8k")` (needs vfkit[verifiers])
+__all__, __getattr__ = v1_exports("gsm8k", load_environment)

@@ -1,0 +1,44 @@
+"""`vfkit.bridge.v1_exports`: environment modules export v1 classes lazily, never importing
+verifiers until those classes are asked for (vfkit does not depend on verifiers)."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+HAS_VERIFIERS = importlib.util.find_spec("verifiers") is not None
+
+
+def _python(code: str) -> subprocess.CompletedProcess:
+    """Run `code` in a fresh interpreter with reverse-text importable (clean sys.modules)."""
+    path = f"{ROOT}:{ROOT / 'environments' / 'reverse-text'}"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={"PYTHONPATH": path, "PATH": "/usr/bin:/bin"}, timeout=120)
+
+
+def test_environment_modules_declare_the_v1_names() -> None:
+    from vfkit.bridge import V1_NAMES, v1_exports
+
+    names, getattr_ = v1_exports("x", lambda: None)
+    assert names == ["load_environment", *V1_NAMES]
+    with pytest.raises(AttributeError, match="nope"):
+        getattr_("nope")
+
+
+def test_importing_an_environment_never_imports_verifiers() -> None:
+    done = _python("import sys, vfkit_reverse_text as m; m.load_environment(num_train_examples=2)"
+                   "; print('verifiers' in sys.modules, m.__all__)")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("False ['load_environment', 'VfkitTaskset'")
+
+
+@pytest.mark.skipif(HAS_VERIFIERS, reason="verifiers is installed here")
+def test_asking_for_a_v1_class_without_verifiers_says_what_to_install() -> None:
+    done = _python("import vfkit_reverse_text as m; m.VfkitTaskset")
+    assert done.returncode != 0
+    assert "ImportError" in done.stderr and "pip install 'vfkit[verifiers]'" in done.stderr

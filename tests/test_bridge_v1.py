@@ -1,0 +1,351 @@
+"""vfkit environments in verifiers v1 and today's prime-rl, through `vfkit.bridge` (issue 14).
+
+Both tests run in a throwaway venv with the newest verifiers from PyPI (built once under
+`.cache/bridge-v1-venv/`, gitignored; delete it to rebuild) holding this checkout's vfkit and
+environments, against vfkit's scripted OpenAI/vLLM-compatible test server on loopback:
+
+- verifiers' own `vf-eval` runs `vfkit-reverse-text`; every trace's rewards equal what vfkit
+  computes for the same reply;
+- prime-rl's orchestrator role (`bridge_v1/orchestrator.py`): load the taskset by id, run
+  episodes through the v1 env server with the train client (token-in generate endpoint), build
+  training samples from the traces; the loss mask covers exactly the model's tokens, on a
+  single-turn and a multi-turn environment.
+
+vfkit itself never imports verifiers. The venv installs vfkit with `--no-deps`: the SDK needs
+nothing verifiers does not bring besides `datasets`, and the trainer's torch is not needed here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi import Request
+from openai import AsyncOpenAI
+
+import vfkit as vf
+from vfkit.testing.test_server import Reply, TestServer
+from vfkit.testing.tiny_model import make_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV = ROOT / ".cache" / "bridge-v1-venv"
+ENVIRONMENTS = ("reverse-text", "guess-number", "calculator")
+ORCHESTRATOR = Path(__file__).parent / "bridge_v1" / "orchestrator.py"
+# verifiers' vf-eval by module: vfkit's own `vf-eval` script shares the name in this venv
+EVAL_CLI = "import sys; from verifiers.v1.cli.eval.main import main; sys.argv[0]='vf-eval'; main()"
+
+
+def slow(test):
+    """Marks a test that needs the venv: minutes to build once, then cached."""
+    return pytest.mark.slow(pytest.mark.timeout(1800)(test))
+
+
+# ----- the throwaway venv -----
+def _run(cmd: list[str], what: str, timeout: float = 1200, env: dict | None = None) -> str:
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env=env)
+    if done.returncode:
+        raise RuntimeError(f"{what} failed (exit {done.returncode}):\n{done.stdout[-2000:]}\n"
+                           f"{done.stderr[-4000:]}")
+    return done.stdout
+
+
+def _base_python() -> str:
+    """python3.12 (prime-rl's) when it runs here, else this interpreter (verifiers: >=3.11)."""
+    for candidate in (shutil.which("python3.12"), sys.executable):
+        if candidate and subprocess.run([candidate, "--version"],
+                                        capture_output=True).returncode == 0:
+            return candidate
+    return sys.executable
+
+
+def _install_verifiers(pip: str) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        probe = subprocess.run([pip, "download", "-q", "--no-deps", "-d", tmp, "verifiers"],
+                               capture_output=True, text=True, timeout=300)
+    if probe.returncode:
+        pytest.skip(f"PyPI unreachable, cannot get verifiers: {probe.stderr[-300:]}")
+    _run([pip, "install", "-q", "verifiers", "datasets"], "installing verifiers")
+
+
+@pytest.fixture(scope="module")
+def v1_python() -> str:
+    """The venv's python: verifiers installed once, this checkout's packages when the list
+    changes (both editable, so code edits need no reinstall)."""
+    pip, base, stamp = str(VENV / "bin" / "pip"), VENV / ".verifiers", VENV / ".environments"
+    if not base.exists():
+        shutil.rmtree(VENV, ignore_errors=True)
+        _run([_base_python(), "-m", "venv", str(VENV)], "creating the venv")
+        _install_verifiers(pip)
+        base.touch()
+    if not (stamp.exists() and stamp.read_text() == " ".join(ENVIRONMENTS)):
+        editable = [a for env in ENVIRONMENTS for a in ("-e", str(ROOT / "environments" / env))]
+        _run([pip, "install", "-q", "--no-deps", "-e", str(ROOT), *editable], "installing vfkit")
+        stamp.write_text(" ".join(ENVIRONMENTS))
+    return str(VENV / "bin" / "python")
+
+
+@pytest.fixture
+def local_envs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This checkout's environment modules, not whatever the shared venv has installed."""
+    for env in ENVIRONMENTS:
+        monkeypatch.syspath_prepend(str(ROOT / "environments" / env))
+
+
+# ----- vLLM's token-in route, which prime-rl's train client calls -----
+def serve_token_route(server: TestServer) -> TestServer:
+    """Add vLLM's `POST /inference/v1/generate` to a scripted server (before it starts).
+
+    A stand-in until `vfkit.serve` serves this route itself: token ids in (`token_ids`,
+    `sampling_params`), sampled ids and `{"token": "token_id:N", "logprob"}` entries out. The
+    responder sees the decoded prompt as `prompt`; bodies land in `server.requests`.
+    """
+    tok = server.tokenizer
+
+    async def generate(request: Request) -> dict:
+        body = await request.json()
+        prompt_ids, params = body["token_ids"], body.get("sampling_params") or {}
+        view = {**body, "prompt": tok.decode(prompt_ids)}
+        server.requests.append(view)
+        reply = server.responder(view)
+        ids = [*tok.encode(reply if isinstance(reply, str) else reply.content or ""),
+               tok.eos_token_id]
+        limit = params.get("max_tokens") or server.max_context - len(prompt_ids)
+        finish = "length" if len(ids) > limit else "stop"
+        ids = ids[:limit]
+        content = [{"token": f"token_id:{t}", "logprob": server.logprob} for t in ids]
+        return {"choices": [{"index": 0, "token_ids": ids, "finish_reason": finish,
+                             "logprobs": {"content": content}}],
+                "prompt_token_ids": prompt_ids, "mm_placeholders": {}}
+
+    server.app.add_api_route("/inference/v1/generate", generate, methods=["POST"])
+    return server
+
+
+def test_the_token_route_answers_as_vllm_does() -> None:
+    tok = make_tokenizer()
+    prompt = tok.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    seen = []
+    with serve_token_route(TestServer(lambda req: seen.append(req["prompt"]) or "ok")) as server:
+        url = server.base_url.removesuffix("/v1") + "/inference/v1/generate"
+        body = {"model": "m", "token_ids": prompt, "sampling_params": {"max_tokens": 8}}
+        full = httpx.post(url, json=body).json()
+        cut = httpx.post(url, json={**body, "sampling_params": {"max_tokens": 1}}).json()
+    assert seen[0] == tok.decode(prompt)  # the responder sees the decoded prompt
+    ids = [*tok.encode("ok"), tok.eos_token_id]  # "o", "k", then eos: generation stopped
+    assert full["choices"][0]["token_ids"] == ids and full["prompt_token_ids"] == prompt
+    assert full["choices"][0]["finish_reason"] == "stop"
+    assert full["choices"][0]["logprobs"]["content"] == [
+        {"token": f"token_id:{t}", "logprob": -0.5} for t in ids]
+    assert cut["choices"][0]["token_ids"] == ids[:1]
+    assert cut["choices"][0]["finish_reason"] == "length"
+
+
+# ----- scripted models (they see chat messages, or the decoded prompt on the token route) -----
+def _prompt_text(request: dict) -> str:
+    if "messages" in request:
+        return "\n".join(str(m.get("content") or "") for m in request["messages"])
+    return request["prompt"]
+
+
+def reverse_model(request: dict) -> str:
+    """Exact, echoed, half and untagged reversals, chosen by the text (so replies are fixed)."""
+    found = re.findall(r"Reverse this text: (.*?)(?:<\|im_end\|>|\n|$)", _prompt_text(request))
+    text = found[-1]
+    kind = len(text) % 4
+    answer = [text[::-1], text, text[::-1][: len(text) // 2], text[::-1]][kind]
+    return answer if kind == 3 else f"<answer>{answer}</answer>"
+
+
+def calculator_model(request: dict) -> str | Reply:
+    """Two right tool calls for `(a op b) op c`, then the last result as the answer."""
+    messages = request["messages"]
+    question = next(m["content"] for m in messages if m["role"] == "user")
+    a, op1, b, op2, c = re.search(r"\((\d+) (\S) (\d+)\) (\S) (\d+)", question).groups()
+    names = {"+": "add", "-": "subtract", "*": "multiply"}
+    results = [m["content"] for m in messages if m["role"] == "tool"]
+    if len(results) == 2:
+        return f"<answer>{results[-1]}</answer>"
+    name, args = ((names[op1], {"a": int(a), "b": int(b)}) if not results
+                  else (names[op2], {"a": float(results[0]), "b": int(c)}))
+    return Reply(tool_calls=[{"name": name, "arguments": args}])
+
+
+def bisect_model(request: dict) -> str:
+    """Binary search from the hints so far (1..20): a multi-turn conversation of a few turns."""
+    low, high = 1, 20
+    for guess, hint in re.findall(r"<guess>(\d+)</guess>.*?(Higher|Lower)", _prompt_text(request),
+                                  re.S):
+        low, high = (int(guess) + 1, high) if hint == "Higher" else (low, int(guess) - 1)
+    return f"<guess>{(low + high) // 2}</guess>"
+
+
+async def vfkit_states(env_id: str, model, rows: list[dict], **env_args) -> dict[int, dict]:
+    """vfkit's own rollouts of `rows` against the same scripted model, by example_id."""
+    env = vf.load_environment(env_id, **env_args)
+    with TestServer(model) as server:
+        async with AsyncOpenAI(base_url=server.base_url, api_key="x") as client:
+            states = [await env.run_rollout(row, client, "m") for row in rows]
+    return {s["example_id"]: s for s in states}
+
+
+# ----- verifiers' own eval -----
+@slow
+@pytest.mark.parametrize(("env_id", "model", "n"), [
+    ("reverse-text", reverse_model, 8), ("calculator", calculator_model, 3),
+], ids=["single-turn", "tools"])
+async def test_verifiers_eval_scores_a_vfkit_environment_as_vfkit_does(
+        v1_python: str, local_envs: None, tmp_path: Path, env_id: str, model, n: int) -> None:
+    args = {"num_eval_examples": n}
+    with TestServer(model) as server:
+        _run([v1_python, "-c", EVAL_CLI, f"vfkit-{env_id}", "-m", "tiny", "-n", str(n), "-r", "1",
+              "--no-push", "-o", str(tmp_path), "--env.taskset.split", "eval",
+              "--env.taskset.args", json.dumps(args), "--client.base-url", server.base_url],
+             "verifiers' vf-eval", timeout=600)
+    episodes = [json.loads(line) for line in next(tmp_path.rglob("traces.jsonl")).open()]
+    traces = [t for e in episodes for t in e["traces"]]
+    assert len(traces) == n and all(t["ok"] for t in traces)
+    env = vf.load_environment(env_id, **args)
+    expected = await vfkit_states(env_id, model, list(env.get_eval_dataset()), **args)
+    weights = dict(zip(env.rubric.get_reward_func_names(), env.rubric.get_reward_weights(),
+                       strict=True))
+    for trace in traces:
+        state = expected[trace["task"]["data"]["row"]["example_id"]]
+        assert {k: (r["score"], r["weight"]) for k, r in trace["rewards"].items()} == {
+            k: (state["metrics"][k], w) for k, w in weights.items() if w}
+        assert trace["metrics"] == {k: state["metrics"][k] for k, w in weights.items() if not w}
+        total = sum(r["score"] * r["weight"] for r in trace["rewards"].values())
+        assert total == pytest.approx(state["reward"])
+    rewards = {round(s["reward"], 2) for s in expected.values()}
+    if env_id == "reverse-text":  # exact 1.2, untagged 1.0, echo 0.2 (format only), half between
+        assert rewards >= {0.2, 1.0, 1.2}
+    else:  # two tool calls per rollout, run by vfkit inside the v1 harness
+        assert rewards == {1.0}
+        assert all(t["metrics"]["total_tool_calls"] == 2.0 for t in traces)
+
+
+PLAIN_HARNESS = """
+import verifiers.v1 as vf
+from openai import AsyncOpenAI
+from verifiers.v1.runtimes import ProgramResult
+
+
+class PlainChat(vf.Harness[vf.HarnessConfig]):
+    APPENDS_SYSTEM_PROMPT, EXECUTES_CODE, NEEDS_CONTAINER = True, False, False
+
+    async def launch(self, ctx, trace, runtime, endpoint, secret, mcp_urls, data, **kwargs):
+        system, prompt = self.resolve_prompt(data)
+        messages = [{"role": "system", "content": system}] if system else []
+        messages += [m.model_dump(exclude_none=True) for m in prompt]
+        async with AsyncOpenAI(base_url=endpoint, api_key=secret) as client:
+            await client.chat.completions.create(model=ctx.model, messages=messages)
+        return ProgramResult(0, "", "")
+
+
+__all__ = ["PlainChat"]
+"""
+
+
+@slow
+async def test_a_harness_that_knows_nothing_of_vfkit_is_scored_from_the_trace(
+        v1_python: str, local_envs: None, tmp_path: Path) -> None:
+    """prime-rl's own examples pin `harness.id = "null"`: the vfkit rubric then reads the trace."""
+    (tmp_path / "plain_chat.py").write_text(PLAIN_HARNESS)
+    args = {"num_eval_examples": 4}
+    with TestServer(reverse_model) as server:
+        _run([v1_python, "-c", EVAL_CLI, "vfkit-reverse-text", "-m", "tiny", "-n", "4", "-r", "1",
+              "--no-push", "-o", str(tmp_path / "out"), "--env.taskset.split", "eval",
+              "--env.taskset.args", json.dumps(args), "--env.agent.harness.id", "plain_chat",
+              "--client.base-url", server.base_url],
+             "verifiers' vf-eval", timeout=600, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    traces = [t for line in next(tmp_path.rglob("traces.jsonl")).open()
+              for t in json.loads(line)["traces"]]
+    env = vf.load_environment("reverse-text", **args)
+    expected = await vfkit_states("reverse-text", reverse_model, list(env.get_eval_dataset()),
+                                  **args)
+    assert len(traces) == 4 and all(t["ok"] for t in traces)
+    for trace in traces:
+        assert trace["agent"]["config"]["harness"]["id"] == "plain_chat"
+        state = expected[trace["task"]["data"]["row"]["example_id"]]
+        total = sum(r["score"] * r["weight"] for r in trace["rewards"].values())
+        assert total == pytest.approx(state["reward"])
+
+
+@slow
+def test_a_failed_vfkit_rollout_fails_its_trace_instead_of_scoring_zero(
+        v1_python: str, tmp_path: Path) -> None:
+    with TestServer([]) as server:  # an empty script: every model call gets a 400
+        _run([v1_python, "-c", EVAL_CLI, "vfkit-reverse-text", "-m", "tiny", "-n", "1", "-r", "1",
+              "--no-push", "-o", str(tmp_path), "--client.base-url", server.base_url],
+             "verifiers' vf-eval", timeout=600)
+    (trace,) = [t for line in next(tmp_path.rglob("traces.jsonl")).open()
+                for t in json.loads(line)["traces"]]
+    assert not trace["ok"]
+    message = " ".join(e["message"] for e in trace["errors"])
+    assert "upstream 400" in message and "script exhausted" in message  # the server's words
+    assert not any(trace["rewards"].values())  # nothing scored
+
+
+# ----- prime-rl's orchestrator role -----
+def _masked_runs(mask: list[bool]) -> list[tuple[int, int]]:
+    runs, start = [], None
+    for i, keep in enumerate([*mask, False]):
+        if keep and start is None:
+            start = i
+        elif not keep and start is not None:
+            runs.append((start, i))
+            start = None
+    return runs
+
+
+def _orchestrate(v1_python: str, tmp_path: Path, env_id: str, model, env_args: dict):
+    tokenizer = make_tokenizer()
+    tokenizer.save_pretrained(tmp_path / "tokenizer")
+    with serve_token_route(TestServer(model)) as server:
+        _run([v1_python, str(ORCHESTRATOR), f"vfkit-{env_id}", server.base_url,
+              str(tmp_path / "tokenizer"), str(tmp_path / "samples.json"), json.dumps(env_args)],
+             "the orchestrator", timeout=600)
+        prompts = {tuple(r["token_ids"]) for r in server.requests if "token_ids" in r}
+    samples = json.loads((tmp_path / "samples.json").read_text())["samples"]
+    return tokenizer, prompts, samples
+
+
+@slow
+@pytest.mark.parametrize(("env_id", "model", "env_args"), [
+    ("reverse-text", reverse_model, {"num_eval_examples": 4}),
+    ("guess-number", bisect_model, {"num_eval_examples": 3}),
+], ids=["single-turn", "multi-turn"])
+async def test_prime_rl_orchestrator_trains_on_exactly_the_model_tokens(
+        v1_python: str, local_envs: None, tmp_path: Path, env_id: str, model,
+        env_args: dict) -> None:
+    tokenizer, prompts, samples = _orchestrate(v1_python, tmp_path, env_id, model, env_args)
+    assert len(samples) == 2 * env_args["num_eval_examples"]  # groups of 2, one branch each
+    rows = [s["row"] for s in samples]
+    expected = await vfkit_states(env_id, model, rows, **env_args)
+    turns = []
+    for sample in samples:
+        ids, mask, logprobs = sample["token_ids"], sample["mask"], sample["logprobs"]
+        assert sample["ok"] and not sample["errors"]
+        assert len(ids) == len(mask) == len(logprobs)
+        runs = _masked_runs(mask)
+        turns.append(len(runs))
+        for start, end in runs:
+            assert tuple(ids[:start]) in prompts  # everything before a reply was its prompt
+            reply = model({"prompt": tokenizer.decode(ids[:start])})
+            assert ids[start:end] == [*tokenizer.encode(reply), tokenizer.eos_token_id]
+            assert logprobs[start:end] == [-0.5] * (end - start)  # the server's logprobs
+        assert sum(lp for lp, keep in zip(logprobs, mask, strict=True) if not keep) == 0
+        state = expected[sample["row"]["example_id"]]
+        assert sample["reward"] == pytest.approx(state["reward"])
+        assert len(runs) == len(state["trajectory"])  # one sampled run per model turn
+    assert sum(s["advantage"] for s in samples) == pytest.approx(0.0)  # reward - group mean
+    if env_id == "guess-number":
+        assert max(turns) > 1  # env responses sit between the runs, unmasked
