@@ -34,7 +34,7 @@ from vfkit.serve.protocol import (
     sampling_params,
 )
 from vfkit.serve.responses import TokenText, chat_response, completion_response
-from vfkit.serve.sequence import SamplingParams, Sequence
+from vfkit.serve.sequence import SamplingParams, Sequence, abort_unfinished
 from vfkit.serve.streaming import start_stream
 
 _DISCONNECT_POLL_S = 1.0
@@ -124,7 +124,7 @@ class Server:
         try:
             await _wait_unless_disconnected(asyncio.gather(*futures), request)
         finally:
-            abort(seqs)
+            abort_unfinished(seqs)
         errors = [s.error for s in seqs if s.error is not None]
         if errors:
             raise APIError(500, f"Generation failed: {errors[0]!r}")
@@ -149,13 +149,6 @@ class Server:
                  "fingerprint": prints.get(name)}
             )  # fmt: skip
         return {"object": "list", "data": data}
-
-
-def abort(seqs: list[Sequence]) -> None:
-    """Let the engine drop the unfinished ones (their client is gone or the answer failed)."""
-    for seq in seqs:
-        if seq.finish_reason is None:
-            seq.aborted = True
 
 
 def _resolve_soon(loop: asyncio.AbstractEventLoop, future: asyncio.Future, seq: Sequence) -> None:

@@ -64,3 +64,10 @@ class Sequence:
     error: BaseException | None = None
     aborted: bool = False
     queued_at: float = 0.0  # time.monotonic() at submit
+
+
+def abort_unfinished(seqs: list[Sequence]) -> None:
+    """Let the engine drop the unfinished ones (their client is gone or the answer failed)."""
+    for seq in seqs:
+        if seq.finish_reason is None:
+            seq.aborted = True
