@@ -44,7 +44,48 @@ class AdapterFiles:
     fingerprint: str | None  # None only from the scripted test server (folder without weights)
 
 
-class LoraManager:
+class ServedAdapters:
+    """The adapter names being served, with folder and fingerprint (any thread may ask)."""
+
+    def __init__(self) -> None:
+        self._paths: dict[str, Path] = {}
+        self._fingerprints: dict[str, str | None] = {}
+        self._lock = threading.Lock()
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return list(self._paths)
+
+    def paths(self) -> dict[str, Path]:
+        """Loaded adapter names and the folders they came from."""
+        with self._lock:
+            return dict(self._paths)
+
+    def fingerprints(self) -> dict[str, str | None]:
+        """Loaded adapter names and the fingerprints of the weights they were loaded from."""
+        with self._lock:
+            return dict(self._fingerprints)
+
+    def has(self, name: str) -> bool:
+        with self._lock:
+            return name in self._paths
+
+    def begin_unload(self, name: str) -> None:
+        """Stop serving `name` at once (404 from now on); the engine frees it once unused."""
+        if not self._stop_serving(name):
+            raise APIError(404, f"The lora adapter '{name}' cannot be found.", param="lora_name")
+
+    def _serve(self, name: str, files: AdapterFiles) -> None:
+        with self._lock:
+            self._paths[name], self._fingerprints[name] = files.path, files.fingerprint
+
+    def _stop_serving(self, name: str) -> bool:
+        with self._lock:
+            self._fingerprints.pop(name, None)
+            return self._paths.pop(name, None) is not None
+
+
+class LoraManager(ServedAdapters):
     """Loaded adapters (name -> path) and the model that serves them."""
 
     def __init__(
@@ -55,15 +96,13 @@ class LoraManager:
         max_lora_rank: int = 64,
         merge: bool = True,
     ) -> None:
+        super().__init__()
         self.model = model  # the HF model, or a PeftModel around it once an adapter is loaded
         self.allowed_dirs = [Path(d).expanduser().resolve() for d in allowed_dirs]
         self.max_lora_rank = max_lora_rank
-        self._paths: dict[str, Path] = {}
-        self._fingerprints: dict[str, str] = {}
         self._configs: dict[str, dict[str, Any]] = {}  # by client name, on the engine side
         self._peft_names: dict[str, str] = {}  # client name -> PEFT adapter name
         self._loads = 0
-        self._lock = threading.Lock()
         self._active: str | None = None
         first = next(model.parameters())
         self._device, self._dtype = first.device, first.dtype
@@ -73,24 +112,6 @@ class LoraManager:
         self.path_counts: Counter[str] = Counter()  # forwards by path, shown by GET /stats
 
     # ---- HTTP side: validation, no model changes ----
-    def names(self) -> list[str]:
-        with self._lock:
-            return list(self._paths)
-
-    def paths(self) -> dict[str, Path]:
-        """Loaded adapter names and the folders they came from."""
-        with self._lock:
-            return dict(self._paths)
-
-    def fingerprints(self) -> dict[str, str]:
-        """Loaded adapter names and the fingerprints of the weights they were loaded from."""
-        with self._lock:
-            return dict(self._fingerprints)
-
-    def has(self, name: str) -> bool:
-        with self._lock:
-            return name in self._paths
-
     def check_load(self, name: str, path: str, inplace: bool) -> AdapterFiles:
         """Validate a load and read the files: 400 for a bad name or config, 403 for a path
         not allowed. Blocking (file reads): call it off the event loop."""
@@ -125,15 +146,6 @@ class LoraManager:
         weights = _read_weights(resolved)
         return AdapterFiles(resolved, config, peft_config, weights, fingerprint(weights))
 
-    def begin_unload(self, name: str) -> None:
-        """Stop serving `name` at once (404 from now on); the engine frees it once unused."""
-        with self._lock:
-            if self._paths.pop(name, None) is None:
-                raise APIError(
-                    404, f"The lora adapter '{name}' cannot be found.", param="lora_name"
-                )
-            self._fingerprints.pop(name, None)
-
     # ---- engine side: runs between decode steps ----
     def apply_load(self, name: str, files: AdapterFiles) -> None:
         """Load (or replace in place) adapter `name` from the tensors `check_load` read.
@@ -144,18 +156,14 @@ class LoraManager:
         try:
             self._install(name, files)
         except Exception:
-            with self._lock:
-                self._paths.pop(name, None)
-                self._fingerprints.pop(name, None)
+            self._stop_serving(name)
             if name in self._configs:
                 self._delete(name)
             self._track_layers()
             raise
         self.model.requires_grad_(False)
         self.model.to(self._dtype)  # PEFT keeps adapters in fp32; match the base
-        with self._lock:
-            self._paths[name] = files.path
-            self._fingerprints[name] = files.fingerprint
+        self._serve(name, files)
         self._track_layers()
 
     def _install(self, name: str, files: AdapterFiles) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from vfkit.serve.errors import APIError
-from vfkit.serve.lora import AdapterFiles, check_load_request
+from vfkit.serve.lora import AdapterFiles, ServedAdapters, check_load_request
 from vfkit.serve.sequence import Sequence
 
 REQUEST_BODY: contextvars.ContextVar[Any] = contextvars.ContextVar("scripted_request_body")
@@ -58,30 +58,18 @@ def default_tokenizer():
     return make_tokenizer()
 
 
-class ScriptedLora:
-    """The LoRA side of the scripted engine: vLLM's name rules, no weights applied."""
+class ScriptedLora(ServedAdapters):
+    """The LoRA side of the scripted engine: the server's name rules, no weights applied."""
 
     def __init__(self) -> None:
-        self._paths: dict[str, Path] = {}
-        self._fingerprints: dict[str, str | None] = {}
-        self._lock = threading.Lock()
+        super().__init__()
         self.path_counts: Counter[str] = Counter()
 
     def has(self, name: str) -> bool:
         return True  # any model name is served by the script
 
-    def paths(self) -> dict[str, Path]:
-        with self._lock:
-            return dict(self._paths)
-
-    def fingerprints(self) -> dict[str, str | None]:
-        with self._lock:
-            return dict(self._fingerprints)
-
     def check_load(self, name: str, path: str, inplace: bool) -> AdapterFiles:
-        with self._lock:
-            loaded = name in self._paths
-        check_load_request(name, path, loaded=loaded, inplace=inplace)
+        check_load_request(name, path, loaded=name in self.paths(), inplace=inplace)
         folder = Path(path).expanduser().resolve()
         if not folder.exists():
             raise APIError(404, f"No adapter found at {path}", param="lora_path")
@@ -91,16 +79,7 @@ class ScriptedLora:
         return AdapterFiles(folder, config={}, peft_config=None, weights={}, fingerprint=print_)
 
     def apply_load(self, name: str, files: AdapterFiles) -> None:
-        with self._lock:
-            self._paths[name], self._fingerprints[name] = files.path, files.fingerprint
-
-    def begin_unload(self, name: str) -> None:
-        with self._lock:
-            if self._paths.pop(name, None) is None:
-                raise APIError(
-                    404, f"The lora adapter '{name}' cannot be found.", param="lora_name"
-                )
-            self._fingerprints.pop(name, None)
+        self._serve(name, files)
 
     def apply_unload(self, name: str) -> None:
         pass
