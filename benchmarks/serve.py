@@ -142,12 +142,12 @@ def lora_step_ms(model_path: Path, adapter: Path, batch: int, context: int = 256
     from vfkit.serve.kv_cache import BatchCache
     from vfkit.serve.lora import LoraManager
 
-    config = json.loads((adapter / "adapter_config.json").read_text())
     managers = {}
     for merge in (True, False):
         model = load_model(AutoModelForCausalLM, model_path, choose_dtype("auto", "cpu"))
         managers[merge] = LoraManager(model.eval(), allowed_dirs=[adapter.parent], merge=merge)
-        managers[merge].apply_load("a", adapter, config)
+        lora = managers[merge]
+        lora.apply_load("a", lora.check_load("a", str(adapter), inplace=False))
 
     def step(lora: LoraManager, rows: list[str | None]) -> float:
         cache = BatchCache()

@@ -15,7 +15,7 @@ import itertools
 from openai import AsyncOpenAI
 
 import vfkit as vf
-from vfkit.testing.test_server import TestServer
+from vfkit.testing.scripted_server import TestServer
 
 parser = vf.XMLParser(["think", "answer"])
 

@@ -15,7 +15,7 @@ import re
 from openai import AsyncOpenAI
 
 import vfkit as vf
-from vfkit.testing.test_server import TestServer
+from vfkit.testing.scripted_server import TestServer
 
 WORDS = ["crane", "slate", "pride", "house", "plant", "storm", "blend", "chair", "grape", "mouse"]
 RULES = ("Guess my five-letter word. Reply with one word. After each guess I show each letter as "

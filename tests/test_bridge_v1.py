@@ -32,7 +32,7 @@ from fastapi import Request
 from openai import AsyncOpenAI
 
 import vfkit as vf
-from vfkit.testing.test_server import Reply, TestServer
+from vfkit.testing.scripted_server import Reply, TestServer
 from vfkit.testing.tiny_model import make_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ from vfkit.client.chat_call import (
 )
 from vfkit.client.tokens import parse_tokens
 from vfkit.errors import ContextOverflowError
-from vfkit.testing.test_server import Reply, TestServer
+from vfkit.testing.scripted_server import Reply, TestServer
 from vfkit.testing.tiny_model import make_tokenizer
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from vfkit.testing.test_server import TestServer
+from vfkit.testing.scripted_server import TestServer
 
 CLASSIC = Path(__file__).parent / "classic_envs"
 

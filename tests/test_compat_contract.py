@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field
 
 import vfkit as vf
 from vfkit.errors import ConfigError
-from vfkit.testing.test_server import TestServer
+from vfkit.testing.scripted_server import TestServer
 
 
 class ClientConfig(BaseModel):

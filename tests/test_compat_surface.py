@@ -16,7 +16,7 @@ import vfkit
 import vfkit.compat.verifiers as vf
 from vfkit.compat import classic_verifiers
 from vfkit.errors import ConfigError
-from vfkit.testing.test_server import Reply, TestServer
+from vfkit.testing.scripted_server import Reply, TestServer
 
 
 def exact(completion, answer) -> float:

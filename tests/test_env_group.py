@@ -9,7 +9,7 @@ from vfkit.envs.singleturn_env import SingleTurnEnv
 from vfkit.envs.tool_env import ToolEnv
 from vfkit.errors import ConfigError
 from vfkit.rubrics.rubric import Rubric
-from vfkit.testing.test_server import TestServer
+from vfkit.testing.scripted_server import TestServer
 
 
 def exact(completion, answer) -> float:

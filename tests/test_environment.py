@@ -10,7 +10,7 @@ from vfkit.envs.environment import Environment, GenerateOutputs
 from vfkit.envs.singleturn_env import SingleTurnEnv
 from vfkit.errors import ConfigError
 from vfkit.rubrics.rubric import Rubric
-from vfkit.testing.test_server import TestServer
+from vfkit.testing.scripted_server import TestServer
 
 ROWS = [{"question": f"q{i}", "answer": str(i)} for i in range(6)]
 
@@ -223,7 +223,7 @@ def test_the_sdk_does_not_import_torch():
     import sys
 
     code = ("import sys, vfkit as vf; vf.ToolEnv; vf.StatefulToolEnv; vf.EnvGroup; "
-            "vf.load_environment; import vfkit.testing.test_server; "
+            "vf.load_environment; import vfkit.testing.scripted_server; "
             "assert 'torch' not in sys.modules, 'torch was imported'")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120)

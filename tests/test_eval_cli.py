@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from vfkit.testing.test_server import TestServer
+from vfkit.testing.scripted_server import TestServer
 
 FIXTURE_ENV = Path(__file__).parent / "fixtures" / "eval_envs" / "eval-echo"
 WRONG = {"banana", "damson"}  # the scripted model gets these wrong: reward 0

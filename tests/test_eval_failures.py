@@ -14,7 +14,7 @@ import pytest
 from test_eval_cli import cli_env, echo_responder, read_rows, run_dirs, vf_eval
 
 from vfkit.evaluation.failures import FailureTally, infrastructure_error
-from vfkit.testing.test_server import TestServer
+from vfkit.testing.scripted_server import TestServer
 
 
 def _state(error: str | None, stop: str | None) -> dict:

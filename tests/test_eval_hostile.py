@@ -14,7 +14,7 @@ import pytest
 from test_eval_cli import FIXTURE_ENV, echo_responder, read_rows, run_dirs
 
 from vfkit.cli.eval import main
-from vfkit.testing.test_server import TestServer
+from vfkit.testing.scripted_server import TestServer
 
 UNREACHABLE = "http://127.0.0.1:9/v1"  # never contacted: every case fails before any request
 

@@ -13,7 +13,7 @@ from test_eval_cli import _free_port, echo_responder, run_dirs, vf_eval
 
 from vfkit.errors import ConfigError
 from vfkit.evaluation.urls import check_base_url, is_openai_api, redact_text, redact_url
-from vfkit.testing.test_server import TestServer
+from vfkit.testing.scripted_server import TestServer
 
 SECRET = "sk-test-do-not-leak-1234"
 PASSWORD = "hunter2-pw"

@@ -9,7 +9,7 @@ import pytest
 
 from vfkit.errors import ConfigError, ServerError
 from vfkit.evaluation.target import _served_base_model, api_key_from_env, probe
-from vfkit.testing.test_server import TestServer
+from vfkit.testing.scripted_server import TestServer
 
 
 def test_api_key_variables(monkeypatch):

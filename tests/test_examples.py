@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from vfkit.testing.test_server import TestServer
+from vfkit.testing.scripted_server import TestServer
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

@@ -28,7 +28,7 @@ def test_training_steps_run_on_the_gpu_and_change_the_adapter(
 ) -> None:
     import train_testing
 
-    from vfkit.testing.test_server import TestServer
+    from vfkit.testing.scripted_server import TestServer
     from vfkit.train.phases import train
 
     with TestServer(train_testing.GroupResponder()) as srv:

@@ -254,7 +254,7 @@ def test_a_step_with_nothing_to_train_stops_the_run_loudly(
     import train_testing
 
     from vfkit.errors import VfkitError
-    from vfkit.testing.test_server import TestServer
+    from vfkit.testing.scripted_server import TestServer
     from vfkit.train.phases import train
 
     with TestServer(train_testing.GroupResponder(), max_context=8) as srv:

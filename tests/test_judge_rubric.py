@@ -12,7 +12,7 @@ import vfkit.rubrics.judge_rubric as judge_module
 from vfkit.parsers.xml_parser import XMLParser
 from vfkit.rubrics.judge_rubric import DEFAULT_JUDGE_PROMPT, JudgeRubric
 from vfkit.rubrics.rubric import ERRORS_METRIC
-from vfkit.testing.test_server import TestServer
+from vfkit.testing.scripted_server import TestServer
 
 TEMPLATE = "Q: {question}\nREF: {answer}\nGOT: {response}\nCorrect?"
 

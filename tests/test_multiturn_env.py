@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from vfkit.envs.multiturn_env import MultiTurnEnv, stop
 from vfkit.rubrics.rubric import Rubric
-from vfkit.testing.test_server import TestServer
+from vfkit.testing.scripted_server import TestServer
 
 ROWS = [{"question": "Guess my number (1-9).", "answer": "3"}]
 

@@ -20,7 +20,7 @@ from openai import AsyncOpenAI
 
 import vfkit
 from vfkit.sandbox import Sandbox, SandboxLimits
-from vfkit.testing.test_server import Reply, TestServer
+from vfkit.testing.scripted_server import Reply, TestServer
 
 LIMITS = SandboxLimits(timeout_s=8, cpu_seconds=8)
 DONE = "carried on"

@@ -90,9 +90,12 @@ async def test_overload_gets_429_with_retry_after_then_succeeds_on_retry(tiny_mo
     with BackgroundServer(config) as srv:
         async with httpx.AsyncClient(base_url=srv.base_url, timeout=60) as http:
             body = {"prompt": "a", "max_tokens": 60, "ignore_eos": True}
-            replies = await asyncio.gather(
-                *(http.post("/completions", json=body) for _ in range(6))
-            )
+            first = asyncio.create_task(http.post("/completions", json=body))
+            health = srv.base_url.removesuffix("/v1") + "/health"
+            while (await http.get(health)).json()["running"] < 1:  # the one row is taken
+                await asyncio.sleep(0.02)
+            rest = await asyncio.gather(*(http.post("/completions", json=body) for _ in range(5)))
+            replies = [await first, *rest]
         statuses = sorted(r.status_code for r in replies)
         assert statuses.count(200) >= 2 and 429 in statuses  # one running + one queued at least
         refused = next(r for r in replies if r.status_code == 429)

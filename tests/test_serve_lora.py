@@ -217,6 +217,7 @@ def test_adapter_names_cannot_shadow_the_base_or_reserved_names(server, adapters
 
 
 def test_bad_adapter_files_are_400_naming_the_folder(server, adapters, tmp_path):
+    import json
     import shutil
 
     broken = adapters["allowed"] / "broken"
@@ -242,6 +243,19 @@ def test_bad_adapter_files_are_400_naming_the_folder(server, adapters, tmp_path)
         shutil.copy(adapters["qv"] / "adapter_model.safetensors", broken)  # fewer modules
         r = load(server, "broken", broken)
         assert r.status_code == 400 and "missing LoRA tensors" in r.text, r.text
-        assert "broken" not in _cards(server)
+        config = json.loads(original)
+        for label, change in {"no such module": {"target_modules": ["nope_proj"]},
+                              "rank of the file differs": {"r": 2}}.items():  # fmt: skip
+            (broken / "adapter_config.json").write_text(json.dumps({**config, **change}))
+            r = load(server, "broken", broken)
+            assert r.status_code == 400 and str(broken.resolve()) in r.text, (label, r.text)
+        assert load(server, "ok", adapters["a"]).status_code == 200  # a failed load leaves no mess
+        (broken / "adapter_config.json").write_text(json.dumps({**config, "r": 2}))
+        assert load(server, "ok", broken, inplace=True).status_code == 400  # reshaped, fails
+        assert "ok" not in _cards(server) and "broken" not in _cards(server)
+        client = openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0)
+        with pytest.raises(openai.NotFoundError):
+            generate(client, "ok")
+        generate(client, "base")  # the server still serves
     finally:
         shutil.rmtree(broken)

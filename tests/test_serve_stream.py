@@ -125,3 +125,35 @@ def test_model_missing_or_given_twice_is_named(argv, capsys):
     with pytest.raises(SystemExit):
         main(argv)
     assert "model" in capsys.readouterr().err
+
+
+def test_a_client_leaving_mid_stream_frees_its_row(server):
+    import time
+
+    body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 900, "ignore_eos": True,
+            "stream": True}  # fmt: skip
+    stats = server.base_url.removesuffix("/v1") + "/stats"
+    before = httpx.get(stats).json()["aborted"]
+    with httpx.stream("POST", server.base_url + "/chat/completions", json=body) as r:
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: ")  # generation is under way; now hang up
+    deadline = time.monotonic() + 30
+    while httpx.get(stats).json()["aborted"] == before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert httpx.get(stats).json()["aborted"] == before + 1
+    assert httpx.get(stats).json()["running"] == 0
+
+
+def test_chat_stream_with_n_2_keeps_choices_apart(client):
+    extra = {**IDS, "return_tokens_as_token_ids": True}
+    args = {"model": "tiny", "messages": MESSAGES, "max_tokens": 6, "n": 2, "seed": 5,
+            "logprobs": True, "extra_body": extra}  # fmt: skip
+    plain = client.chat.completions.create(**args).model_dump()["choices"]
+    chunks = [c.model_dump() for c in client.chat.completions.create(**args, stream=True)]
+    for want in plain:
+        got = [ch for c in chunks for ch in c["choices"] if ch["index"] == want["index"]]
+        assert got[0]["delta"]["role"] == "assistant"
+        assert [t for c in got for t in c["token_ids"]] == want["token_ids"]
+        tokens = [e["token"] for c in got for e in c["logprobs"]["content"]]
+        assert tokens == [f"token_id:{t}" for t in want["token_ids"]]
+        assert got[-1]["finish_reason"] == want["finish_reason"]

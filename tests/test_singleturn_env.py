@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from vfkit.envs.singleturn_env import SingleTurnEnv
 from vfkit.rubrics.rubric import Rubric
-from vfkit.testing.test_server import TestServer
+from vfkit.testing.scripted_server import TestServer
 from vfkit.testing.tiny_model import make_tokenizer
 
 ROWS = [{"question": "2+2", "answer": "4"}, {"question": "3+3", "answer": "6"}]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from vfkit.envs.stateful_tool_env import StatefulToolEnv
-from vfkit.testing.test_server import Reply, TestServer
+from vfkit.testing.scripted_server import Reply, TestServer
 
 ROWS = [{"question": "Store then read.", "answer": "", "info": {"user": "ada"}}]
 

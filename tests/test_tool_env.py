@@ -11,7 +11,7 @@ import pytest
 from vfkit.envs.tool_env import ToolArgumentError, ToolEnv, parse_tool_arguments
 from vfkit.envs.tool_schema import function_to_tool_schema, parse_docstring
 from vfkit.errors import ConfigError
-from vfkit.testing.test_server import Reply, TestServer
+from vfkit.testing.scripted_server import Reply, TestServer
 from vfkit.testing.tiny_model import make_tokenizer
 
 ROWS = [{"question": "What is 2+3?", "answer": "5"}]

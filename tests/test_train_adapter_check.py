@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from vfkit.errors import AdapterSyncError
 from vfkit.lora_fingerprint import fingerprint_dir
 from vfkit.serve.launcher import start_server
-from vfkit.testing.test_server import TestServer
+from vfkit.testing.scripted_server import TestServer
 from vfkit.train.adapter_sync import Probe, check_probe, probe_diff
 from vfkit.train.orchestrator import Orchestrator
 from vfkit.train.phases import load_data, train

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from vfkit.errors import AdapterSyncError
-from vfkit.testing.test_server import TestServer
+from vfkit.testing.scripted_server import TestServer
 from vfkit.train.adapter_sync import AdapterSync, Probe, check_probe
 
 

@@ -48,7 +48,7 @@ def test_zero_truncated_scores_truncated_rollouts_zero() -> None:
 async def test_env_and_trainer_share_one_advantage() -> None:
     """The env's scoring and the trainer's batch agree, per-turn copies included."""
     import vfkit as vf
-    from vfkit.testing.test_server import TestServer
+    from vfkit.testing.scripted_server import TestServer
 
     def exact(completion, answer) -> float:
         return 1.0 if completion[-1]["content"] == answer else 0.0

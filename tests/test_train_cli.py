@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from vfkit.testing.test_server import TestServer
+from vfkit.testing.scripted_server import TestServer
 
 FIXTURES = Path(__file__).parent / "fixtures" / "train_envs"
 

@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from rich.console import Console
 
 from vfkit.errors import AdapterSyncError, ConfigError, VfkitError
-from vfkit.testing.test_server import TestServer
+from vfkit.testing.scripted_server import TestServer
 from vfkit.train.batches import Batch
 from vfkit.train.config import RunConfig
 from vfkit.train.config_loader import world_size

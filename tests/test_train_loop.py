@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from vfkit.errors import VfkitError
-from vfkit.testing.test_server import TestServer
+from vfkit.testing.scripted_server import TestServer
 from vfkit.train.loop import StopFlag
 from vfkit.train.phases import train
 

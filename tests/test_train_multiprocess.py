@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from vfkit.testing.test_server import TestServer
+from vfkit.testing.scripted_server import TestServer
 
 FIXTURES = Path(__file__).parent / "fixtures" / "train_envs"
 

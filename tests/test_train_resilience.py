@@ -16,7 +16,7 @@ import uvicorn
 from safetensors.torch import save_file
 
 from vfkit.errors import AdapterSyncError
-from vfkit.testing.test_server import TestServer
+from vfkit.testing.scripted_server import TestServer
 from vfkit.testing.tiny_model import make_tokenizer
 from vfkit.train.adapter_sync import AdapterSync
 from vfkit.train.orchestrator import Orchestrator

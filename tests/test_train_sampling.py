@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from vfkit.client.sampling import merge_sampling_args
-from vfkit.testing.test_server import TestServer
+from vfkit.testing.scripted_server import TestServer
 from vfkit.train.phases import load_envs, train, with_rollout_sampling
 
 ENV_SAMPLING = 'env.args.sampling_args={max_tokens = 5, temperature = 0.5, top_k = 3}'

@@ -8,7 +8,7 @@ import logging
 from vfkit.envs.multiturn_env import MultiTurnEnv
 from vfkit.envs.tool_env import ToolEnv
 from vfkit.envs.trajectory import check_extension, extension_breaks
-from vfkit.testing.test_server import TestServer
+from vfkit.testing.scripted_server import TestServer
 from vfkit.testing.tiny_model import make_tokenizer
 
 ROWS = [{"question": "Say something.", "answer": ""}]

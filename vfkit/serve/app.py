@@ -12,16 +12,17 @@ import secrets
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException
 
 from vfkit.serve.config import ServeConfig
-from vfkit.serve.engine import Engine, Sequence
+
+if TYPE_CHECKING:
+    from vfkit.serve.engine import Engine
 from vfkit.serve.errors import APIError
 from vfkit.serve.limits import BodyLimit, refuse_unsupported
 from vfkit.serve.prompts import chat_prompt_ids, completion_prompts
@@ -33,7 +34,7 @@ from vfkit.serve.protocol import (
     sampling_params,
 )
 from vfkit.serve.responses import TokenText, chat_response, completion_response
-from vfkit.serve.sampling import SamplingParams
+from vfkit.serve.sequence import SamplingParams, Sequence, abort_unfinished
 from vfkit.serve.streaming import start_stream
 
 _DISCONNECT_POLL_S = 1.0
@@ -103,7 +104,7 @@ class Server:
                         adapter,
                         on_done=partial(_resolve_soon, loop, future),
                         on_token=on_token,
-                        generator=self._generator(params.seed, j),
+                        generator=self.engine.generator(params.seed, j),
                     )
                 )
             groups.append(group)
@@ -123,17 +124,11 @@ class Server:
         try:
             await _wait_unless_disconnected(asyncio.gather(*futures), request)
         finally:
-            abort(seqs)
+            abort_unfinished(seqs)
         errors = [s.error for s in seqs if s.error is not None]
         if errors:
             raise APIError(500, f"Generation failed: {errors[0]!r}")
         return groups
-
-    def _generator(self, seed: int | None, index: int) -> torch.Generator | None:
-        if seed is None:
-            return None
-        # wrapped into torch's 64-bit seed range (seed is validated as a signed 64-bit int)
-        return torch.Generator(device=self.engine.device).manual_seed((seed + index) % 2**64)
 
     def models(self) -> dict[str, Any]:
         base = self.config.model_id
@@ -154,13 +149,6 @@ class Server:
                  "fingerprint": prints.get(name)}
             )  # fmt: skip
         return {"object": "list", "data": data}
-
-
-def abort(seqs: list[Sequence]) -> None:
-    """Let the engine drop the unfinished ones (their client is gone or the answer failed)."""
-    for seq in seqs:
-        if seq.finish_reason is None:
-            seq.aborted = True
 
 
 def _resolve_soon(loop: asyncio.AbstractEventLoop, future: asyncio.Future, seq: Sequence) -> None:

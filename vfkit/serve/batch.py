@@ -17,7 +17,7 @@ import torch
 from vfkit.serve.kv_cache import BatchCache
 
 if TYPE_CHECKING:
-    from vfkit.serve.engine import Sequence
+    from vfkit.serve.sequence import Sequence
 
 
 class RunningBatch:

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -24,34 +24,11 @@ from vfkit.serve.batch import RunningBatch
 from vfkit.serve.errors import APIError
 from vfkit.serve.kv_cache import BatchCache
 from vfkit.serve.lora import LoraManager
-from vfkit.serve.sampling import RowInput, SamplingParams, StepOutput, sample_step
+from vfkit.serve.sampling import RowInput, StepOutput, sample_step
+from vfkit.serve.sequence import SamplingParams, Sequence
 
 log = logging.getLogger("vfkit.serve")
 _MAX_GATHER_S = 0.25  # longest an arrival waits for others before its prefill
-
-
-@dataclass(eq=False)
-class Sequence:
-    """One generated sequence (a request with n=4 is four of these)."""
-
-    prompt_ids: list[int]
-    params: SamplingParams
-    adapter: str | None = None
-    on_done: Callable[[Sequence], None] | None = None
-    # streaming: called on the worker thread with (seq, token, logprob, top) for each new token
-    on_token: Callable[[Sequence, int, float | None, Any], None] | None = None
-    generator: torch.Generator | None = None
-    output_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    top_logprobs: list[list[tuple[int, float]] | None] = field(default_factory=list)
-    finish_reason: str | None = None
-    text: str = ""
-    error: BaseException | None = None
-    aborted: bool = False
-    queued_at: float = 0.0  # time.monotonic() at submit
-
-    def row_input(self) -> RowInput:
-        return RowInput(self.params, self.generator, self.prompt_ids, self.output_ids)
 
 
 class Engine:
@@ -153,6 +130,13 @@ class Engine:
     @property
     def steps(self) -> int:
         return self.stats.decode_steps
+
+    def generator(self, seed: int | None, index: int) -> torch.Generator | None:
+        """The random source of sample `index` of a seeded request (None: the global one)."""
+        if seed is None:
+            return None
+        # wrapped into torch's 64-bit seed range (seed is validated as a signed 64-bit int)
+        return torch.Generator(device=self.device).manual_seed((seed + index) % 2**64)
 
     def load(self) -> dict[str, int]:
         """Queue and batch sizes, for /health and logs."""
@@ -299,7 +283,8 @@ class Engine:
 
     def _sample(self, logits: torch.Tensor, rows: list[Sequence]) -> StepOutput:
         start = time.perf_counter()
-        out = sample_step(logits, [s.row_input() for s in rows])
+        inputs = [RowInput(s.params, s.generator, s.prompt_ids, s.output_ids) for s in rows]
+        out = sample_step(logits, inputs)
         self.stats.sample_s += time.perf_counter() - start
         return out
 

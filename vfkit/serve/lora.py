@@ -19,13 +19,14 @@ import threading
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from vfkit.lora_fingerprint import fingerprint
 from vfkit.serve.errors import APIError
-from vfkit.serve.lora_merge import MergedWeights
+
+if TYPE_CHECKING:  # torch is imported by whoever built the model; the HTTP side needs none
+    import torch
+
+    from vfkit.serve.lora_merge import MergedWeights
 
 BASE = "__base__"  # PEFT's name for "no adapter" in a mixed batch
 _CONFIG_KEYS_FOR_INPLACE = ("r", "lora_alpha", "target_modules", "use_rslora", "use_dora")
@@ -40,10 +41,51 @@ class AdapterFiles:
     config: dict[str, Any]
     peft_config: Any  # peft.LoraConfig
     weights: dict[str, torch.Tensor]
-    fingerprint: str
+    fingerprint: str | None  # None only from the scripted test server (folder without weights)
 
 
-class LoraManager:
+class ServedAdapters:
+    """The adapter names being served, with folder and fingerprint (any thread may ask)."""
+
+    def __init__(self) -> None:
+        self._paths: dict[str, Path] = {}
+        self._fingerprints: dict[str, str | None] = {}
+        self._lock = threading.Lock()
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return list(self._paths)
+
+    def paths(self) -> dict[str, Path]:
+        """Loaded adapter names and the folders they came from."""
+        with self._lock:
+            return dict(self._paths)
+
+    def fingerprints(self) -> dict[str, str | None]:
+        """Loaded adapter names and the fingerprints of the weights they were loaded from."""
+        with self._lock:
+            return dict(self._fingerprints)
+
+    def has(self, name: str) -> bool:
+        with self._lock:
+            return name in self._paths
+
+    def begin_unload(self, name: str) -> None:
+        """Stop serving `name` at once (404 from now on); the engine frees it once unused."""
+        if not self._stop_serving(name):
+            raise APIError(404, f"The lora adapter '{name}' cannot be found.", param="lora_name")
+
+    def _serve(self, name: str, files: AdapterFiles) -> None:
+        with self._lock:
+            self._paths[name], self._fingerprints[name] = files.path, files.fingerprint
+
+    def _stop_serving(self, name: str) -> bool:
+        with self._lock:
+            self._fingerprints.pop(name, None)
+            return self._paths.pop(name, None) is not None
+
+
+class LoraManager(ServedAdapters):
     """Loaded adapters (name -> path) and the model that serves them."""
 
     def __init__(
@@ -54,15 +96,13 @@ class LoraManager:
         max_lora_rank: int = 64,
         merge: bool = True,
     ) -> None:
+        super().__init__()
         self.model = model  # the HF model, or a PeftModel around it once an adapter is loaded
         self.allowed_dirs = [Path(d).expanduser().resolve() for d in allowed_dirs]
         self.max_lora_rank = max_lora_rank
-        self._paths: dict[str, Path] = {}
-        self._fingerprints: dict[str, str] = {}
         self._configs: dict[str, dict[str, Any]] = {}  # by client name, on the engine side
         self._peft_names: dict[str, str] = {}  # client name -> PEFT adapter name
         self._loads = 0
-        self._lock = threading.Lock()
         self._active: str | None = None
         first = next(model.parameters())
         self._device, self._dtype = first.device, first.dtype
@@ -72,42 +112,10 @@ class LoraManager:
         self.path_counts: Counter[str] = Counter()  # forwards by path, shown by GET /stats
 
     # ---- HTTP side: validation, no model changes ----
-    def names(self) -> list[str]:
-        with self._lock:
-            return list(self._paths)
-
-    def paths(self) -> dict[str, Path]:
-        """Loaded adapter names and the folders they came from."""
-        with self._lock:
-            return dict(self._paths)
-
-    def fingerprints(self) -> dict[str, str]:
-        """Loaded adapter names and the fingerprints of the weights they were loaded from."""
-        with self._lock:
-            return dict(self._fingerprints)
-
-    def has(self, name: str) -> bool:
-        with self._lock:
-            return name in self._paths
-
     def check_load(self, name: str, path: str, inplace: bool) -> AdapterFiles:
         """Validate a load and read the files: 400 for a bad name or config, 403 for a path
         not allowed. Blocking (file reads): call it off the event loop."""
-        if not name or not path:
-            raise APIError(
-                400, "Both 'lora_name' and 'lora_path' must be provided.", param="lora_name"
-            )
-        if name == BASE:
-            raise APIError(
-                400, f"'{BASE}' is a reserved name; choose another lora_name.", param="lora_name"
-            )
-        if self.has(name) and not inplace:
-            raise APIError(
-                400,
-                f"The lora adapter '{name}' has already been loaded. "
-                "Pass load_inplace=true to replace its weights.",
-                param="lora_name",
-            )
+        check_load_request(name, path, loaded=self.has(name), inplace=inplace)
         resolved = Path(path).expanduser().resolve()
         if not any(resolved.is_relative_to(d) for d in self.allowed_dirs):
             allowed = ", ".join(map(str, self.allowed_dirs)) or "none"
@@ -132,60 +140,52 @@ class LoraManager:
                 "restart the server with a larger --max-lora-rank.",
                 param="lora_path",
             )
+        from vfkit.lora_fingerprint import fingerprint
+
         peft_config = _lora_config(resolved, config)
         weights = _read_weights(resolved)
         return AdapterFiles(resolved, config, peft_config, weights, fingerprint(weights))
 
-    def begin_unload(self, name: str) -> None:
-        """Stop serving `name` at once (404 from now on); the engine frees it once unused."""
-        with self._lock:
-            if self._paths.pop(name, None) is None:
-                raise APIError(
-                    404, f"The lora adapter '{name}' cannot be found.", param="lora_name"
-                )
-            self._fingerprints.pop(name, None)
-
     # ---- engine side: runs between decode steps ----
     def apply_load(self, name: str, files: AdapterFiles) -> None:
-        """Load (or replace in place) adapter `name` from the tensors `check_load` read."""
-        from peft import PeftModel, get_peft_model
+        """Load (or replace in place) adapter `name` from the tensors `check_load` read.
 
+        If anything fails, `name` is served by no one (never by half-copied weights).
+        """
         self._drop_merged()
-        config = files.config
-        old = self._configs.get(name)
-        same_shapes = old is not None and all(
-            old.get(k) == config.get(k) for k in _CONFIG_KEYS_FOR_INPLACE
-        )
-        if not same_shapes:
-            if old is not None:
-                self._delete(name)
-            peft_config = files.peft_config
-            self._loads += 1
-            peft_name = f"vfkit_lora_{self._loads}"
-            if isinstance(self.model, PeftModel):
-                self.model.add_adapter(peft_name, peft_config)
-            else:
-                self.model = get_peft_model(self.model, peft_config, adapter_name=peft_name)
-            self._peft_names[name] = peft_name
-            self.model.eval()
-            self.model.set_adapter(peft_name)  # add_adapter alone leaves the old one active
-            self._active = peft_name
-        self._configs[name] = config
         try:
-            self._copy_weights(self._peft_names[name], files.weights)
+            self._install(name, files)
         except Exception:
-            with self._lock:  # half-copied weights are served by no one
-                self._paths.pop(name, None)
-                self._fingerprints.pop(name, None)
-            self._delete(name)
+            self._stop_serving(name)
+            if name in self._configs:
+                self._delete(name)
             self._track_layers()
             raise
         self.model.requires_grad_(False)
         self.model.to(self._dtype)  # PEFT keeps adapters in fp32; match the base
-        with self._lock:
-            self._paths[name] = files.path
-            self._fingerprints[name] = files.fingerprint
+        self._serve(name, files)
         self._track_layers()
+
+    def _install(self, name: str, files: AdapterFiles) -> None:
+        """Make (or reuse, when the shapes match) the PEFT adapter and copy the weights in."""
+        from peft import PeftModel, get_peft_model
+
+        old = self._configs.get(name)
+        if old is None or any(old.get(k) != files.config.get(k) for k in _CONFIG_KEYS_FOR_INPLACE):
+            if old is not None:
+                self._delete(name)
+            self._loads += 1
+            peft_name = f"vfkit_lora_{self._loads}"
+            self._configs[name], self._peft_names[name] = files.config, peft_name
+            if isinstance(self.model, PeftModel):
+                self.model.add_adapter(peft_name, files.peft_config)
+            else:
+                self.model = get_peft_model(self.model, files.peft_config, adapter_name=peft_name)
+            self.model.eval()
+            self.model.set_adapter(peft_name)  # add_adapter alone leaves the old one active
+            self._active = peft_name
+        self._configs[name] = files.config
+        self._copy_weights(self._peft_names[name], files.weights)
 
     def _copy_weights(self, peft_name: str, weights: dict[str, torch.Tensor]) -> None:
         """Copy the adapter's tensors into its LoRA modules; every LoRA tensor must match."""
@@ -220,6 +220,8 @@ class LoraManager:
         """After a load/unload: adapter layers are enabled; merged variants start afresh."""
         self._layers_enabled = True
         if self._configs and self._merge:
+            from vfkit.serve.lora_merge import MergedWeights
+
             self._merged = MergedWeights(self.model)
 
     def _delete(self, name: str) -> None:
@@ -230,7 +232,7 @@ class LoraManager:
                 self.model = self.model.unload()  # back to the plain HF model
             self._active = None
             return
-        if peft_name is not None:
+        if peft_name is not None and peft_name in getattr(self.model, "peft_config", {}):
             self.model.delete_adapter(peft_name)  # PEFT then activates one of the others
         self._active = None
 
@@ -270,6 +272,25 @@ class LoraManager:
             else:
                 self.model.base_model.disable_adapter_layers()
             self._layers_enabled = enabled
+
+
+def check_load_request(name: str, path: str, *, loaded: bool, inplace: bool) -> None:
+    """vLLM's rules for a load request's name (shared with the scripted test server)."""
+    if not name or not path:
+        raise APIError(
+            400, "Both 'lora_name' and 'lora_path' must be provided.", param="lora_name"
+        )
+    if name == BASE:
+        raise APIError(
+            400, f"'{BASE}' is a reserved name; choose another lora_name.", param="lora_name"
+        )
+    if loaded and not inplace:
+        raise APIError(
+            400,
+            f"The lora adapter '{name}' has already been loaded. "
+            "Pass load_inplace=true to replace its weights.",
+            param="lora_name",
+        )
 
 
 def _read_config(folder: Path) -> dict[str, Any]:

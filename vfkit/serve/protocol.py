@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from vfkit.serve.errors import APIError, context_length_error
-from vfkit.serve.sampling import SamplingParams
+from vfkit.serve.sequence import SamplingParams
 
 
 class _SamplingRequest(BaseModel):

@@ -7,8 +7,8 @@ import uuid
 from functools import lru_cache
 from typing import Any
 
-from vfkit.serve.engine import Sequence
 from vfkit.serve.protocol import ChatRequest, CompletionRequest
+from vfkit.serve.sequence import Sequence
 from vfkit.serve.tool_calls import parse_tool_calls
 
 

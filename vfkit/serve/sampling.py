@@ -16,40 +16,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-GREEDY_EPS = 1e-5  # temperatures below this mean greedy decoding (vLLM's threshold)
+from vfkit.serve.sequence import GREEDY_EPS, SamplingParams
 
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How one sequence is sampled; validated by the HTTP layer before it gets here."""
-
-    max_tokens: int = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0 or -1: off
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-    seed: int | None = None
-    logprobs: int | None = None  # None: no logprobs; k: the sampled token's plus k top ones
-    skip_special_tokens: bool = True
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature < GREEDY_EPS
-
-    @property
-    def penalized(self) -> bool:
-        return (
-            self.repetition_penalty != 1.0
-            or self.presence_penalty != 0.0
-            or self.frequency_penalty != 0.0
-        )
-
+__all__ = ["GREEDY_EPS", "RowInput", "SamplingParams", "StepOutput", "sample_step"]
 
 @dataclass
 class RowInput:

@@ -22,10 +22,10 @@ from typing import Any
 
 from fastapi.responses import StreamingResponse
 
-from vfkit.serve.engine import Sequence
 from vfkit.serve.errors import APIError
 from vfkit.serve.protocol import ChatRequest, CompletionRequest
 from vfkit.serve.responses import TokenText, chat_logprob_entries, completion_logprobs
+from vfkit.serve.sequence import Sequence, abort_unfinished
 from vfkit.serve.tool_calls import parse_tool_calls
 
 _DONE = "data: [DONE]\n\n"
@@ -255,8 +255,6 @@ def _respond(streamer: Streamer, events: TokenEvents) -> StreamingResponse:
                 yield line
             yield _DONE
         finally:
-            for seq in streamer.seqs:
-                if seq.finish_reason is None:
-                    seq.aborted = True
+            abort_unfinished(streamer.seqs)
 
     return StreamingResponse(body(), media_type="text/event-stream")

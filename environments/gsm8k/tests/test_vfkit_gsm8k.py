@@ -12,7 +12,7 @@ from openai import AsyncOpenAI
 
 import vfkit as vf
 from vfkit.errors import VfkitError
-from vfkit.testing.test_server import TestServer
+from vfkit.testing.scripted_server import TestServer
 
 ENV_DIR = str(Path(__file__).resolve().parents[1])
 if ENV_DIR not in sys.path:  # importable from a checkout, installed or not

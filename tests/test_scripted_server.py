@@ -9,7 +9,7 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
-from vfkit.testing.test_server import Reply, TestServer
+from vfkit.testing.scripted_server import Reply, TestServer
 from vfkit.testing.tiny_model import make_tokenizer
 
 IDS = {"return_token_ids": True}
@@ -57,7 +57,7 @@ async def test_no_token_ids_unless_asked():
             model="m", messages=[{"role": "user", "content": "x"}]
         )
     data = resp.model_dump()
-    assert "prompt_token_ids" not in data and "token_ids" not in data["choices"][0]
+    assert data.get("prompt_token_ids") is None and data["choices"][0].get("token_ids") is None
 
 
 async def test_tool_calls_from_text_and_verbatim():
@@ -151,7 +151,8 @@ def test_lora_routes_and_models(tmp_path):
     with TestServer(api_key="k") as srv:
         root = srv.base_url.removesuffix("/v1")
         h = {"Authorization": "Bearer k"}
-        assert httpx.get(f"{root}/health").status_code == 200
+        assert httpx.get(f"{root}/health", headers=h).status_code == 200
+        assert httpx.get(f"{root}/health").status_code == 401  # as vf-serve: every route
         assert httpx.get(f"{srv.base_url}/models").status_code == 401
         load = {"lora_name": "step_1", "lora_path": str(tmp_path)}
         assert httpx.post(f"{srv.base_url}/load_lora_adapter", json=load, headers=h).is_success
@@ -184,3 +185,44 @@ def test_lora_load_reports_the_adapter_fingerprint(tmp_path):
         assert r.json()["fingerprint"] == fingerprint_dir(tmp_path)
         cards = httpx.get(f"{srv.base_url}/models").json()["data"]
         assert cards[1]["fingerprint"] == fingerprint_dir(tmp_path)
+
+
+async def test_streamed_chat_with_tool_calls():
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+    text = 'Adding.<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
+    with TestServer([text]) as srv:
+        stream = await client_for(srv).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "1+2"}], tools=tools, stream=True,
+            logprobs=True, stream_options={"include_usage": True}, extra_body=IDS,
+        )  # fmt: skip
+        chunks = [c async for c in stream]
+    choices = [c.choices[0] for c in chunks if c.choices]
+    assert "".join(c.delta.content or "" for c in choices) == "Adding."
+    calls = [call for c in choices for call in c.delta.tool_calls or []]
+    assert [(c.index, c.function.name) for c in calls] == [(0, "add")]
+    assert json.loads(calls[0].function.arguments) == {"a": 1, "b": 2}
+    assert choices[-1].finish_reason == "tool_calls"
+    ids = [t for c in choices for t in c.model_extra["token_ids"]]
+    assert make_tokenizer().decode(ids, skip_special_tokens=True) == text
+    assert chunks[-1].usage.completion_tokens == len(ids)
+
+
+async def test_streamed_text_completion_in_chunks():
+    with TestServer("streamed words") as srv:
+        stream = await client_for(srv).completions.create(
+            model="m", prompt="say", stream=True, max_tokens=8, extra_body=IDS
+        )
+        chunks = [c async for c in stream]
+    assert "".join(c.choices[0].text for c in chunks) == "streamed"
+    assert len(chunks) == 8 and chunks[-1].choices[0].finish_reason == "length"
+
+
+async def test_requests_are_validated_by_the_real_server():
+    """One protocol: the scripted server refuses what vf-serve refuses, in the same words."""
+    with TestServer("x") as srv:
+        client = client_for(srv, max_retries=0)
+        msgs = [{"role": "user", "content": "x"}]
+        for bad in ({"temperature": -1}, {"n": 0}, {"best_of": 3}, {"chat_template": "{{ 1 }}"}):
+            with pytest.raises(openai.BadRequestError):
+                await client.chat.completions.create(model="m", messages=msgs, extra_body=bad)
+    assert len(srv.requests) == 4  # recorded all the same
