@@ -342,9 +342,14 @@ def _sync(ctx: Ctx) -> None:
         with Orchestrator(env, rows, base_url=srv.base_url, args=cfg.args,
                               run=RunDir(ctx.tmp / cfg.run_name)) as orch:
             assert orch.sync.http.timeout.read == 7
-    # inf: no probe; finite: the TestServer's constant -0.5 logprobs cannot match the model
-    with pytest.raises(AdapterSyncError, match="did not land as trained"):
-        ctx.run("trainer.args.max_steps=1", "trainer.args.adapter_probe_tolerance=0.1")
+    # the probe decides only where the server reports no fingerprint (vLLM): make the scripted
+    # server such a one. inf: no probe; finite: its constant logprobs cannot match the model
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("vfkit.lora_fingerprint.fingerprint_dir", lambda _folder: None)
+        ctx.run("trainer.args.max_steps=1")
+        with pytest.raises(AdapterSyncError, match="did not land as trained"):
+            ctx.run("trainer.args.max_steps=1", "trainer.args.adapter_probe_tolerance=0.1",
+                    'trainer.args.run_name="probe"')
 
 
 # ----------------------------------------------------------------------------- advantages
