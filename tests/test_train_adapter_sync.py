@@ -60,7 +60,7 @@ def test_unreachable_server() -> None:
 
 def test_check_probe_tolerance() -> None:
     probe = Probe([1, 2], [3, 4], [-1.0, -2.0])
-    # mean |(-1) - (-1.1)| and |(-2) - (-2.1)| = 0.1
+    # median of |(-1) - (-1.1)| and |(-2) - (-2.1)| = 0.1
     assert check_probe("a", probe, [-1.1, -2.1], tolerance=0.2) == pytest.approx(0.1)
-    with pytest.raises(AdapterSyncError, match=r"differ by 0\.1000 .*\(tolerance 0\.05\)"):
+    with pytest.raises(AdapterSyncError, match=r"differ by 0\.1000 \(median .*tolerance 0\.05\)"):
         check_probe("a", probe, [-1.1, -2.1], tolerance=0.05)
