@@ -1,0 +1,100 @@
+"""The race's outputs: points.json (every scored snapshot), PNG curves, results.md.
+
+results.md is the fragment for benchmarks/RESULTS.md: per environment, one row per system, one
+column per snapshot tick, each cell the mean held-out task reward over seeds with the spread
+(half the min-max range) and the optimizer steps each seed had reached.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from statistics import fmean
+from typing import Any
+
+from benchmarks.race.settings import Leg
+
+COLORS = {"vfkit": "tab:blue", "trl": "tab:orange"}
+LABELS = {"vfkit": "vfkit (vf-train)", "trl": "TRL GRPOTrainer"}
+
+
+def write_report(
+    out: Path, legs: list[Leg], records: dict[str, dict], bases: dict[str, dict],
+    args: dict[str, Any],
+) -> None:
+    """points.json, <env>.png for each env, and results.md under `out`."""
+    points = {
+        "args": args,
+        "base": bases,
+        "legs": [{"system": leg.system, "env": leg.env_id, "seed": leg.seed,
+                  **records[leg.out]} for leg in legs],
+    }
+    (out / "points.json").write_text(json.dumps(points, indent=1))
+    lines = [f"Budget {args['budget_s']:g} s per leg, snapshot every "
+             f"{args['snapshot_every_s']:g} s, {args['eval_n']} held-out prompts, greedy.", ""]
+    for env_id, base in bases.items():
+        env_legs = [leg for leg in points["legs"] if leg["env"] == env_id]
+        plot_env(out / f"{env_id}.png", env_id, env_legs, base["reward"])
+        lines += table(env_id, env_legs, base)
+    (out / "results.md").write_text("\n".join(lines) + "\n")
+    print(f"[race] wrote {out / 'points.json'}, {out / 'results.md'} and the PNGs", flush=True)
+
+
+def table(env_id: str, legs: list[dict], base: dict) -> list[str]:
+    """Markdown rows: reward mean ± half-spread (steps per seed) at each tick."""
+    ticks = sorted({s["t_s"] for leg in legs for s in leg["snapshots"]})
+    out = [f"**{env_id}**: held-out task reward (base model {base['reward']:.3f}); "
+           "mean over seeds ± half the seed spread (optimizer steps per seed)", "",
+           "| system | " + " | ".join(f"{t:g} s" for t in ticks) + " |",
+           "|---" * (len(ticks) + 1) + "|"]
+    for system in ("vfkit", "trl"):
+        runs = [leg for leg in legs if leg["system"] == system]
+        if not runs:
+            continue
+        cells = [cell([s for leg in runs for s in leg["snapshots"] if s["t_s"] == t])
+                 for t in ticks]
+        out.append(f"| {LABELS[system]} | " + " | ".join(cells) + " |")
+    out += [f"- {LABELS[leg['system']]}, seed {leg['seed']}: **failed**: {leg['error']}"
+            for leg in legs if leg.get("error")]
+    return [*out, ""]
+
+
+def cell(snaps: list[dict]) -> str:
+    scored = [s for s in snaps if "reward" in s]
+    if not scored:
+        return "–"
+    rewards = [s["reward"] for s in scored]
+    steps = ", ".join(str(s["step"]) for s in scored)
+    spread = (max(rewards) - min(rewards)) / 2
+    return f"{fmean(rewards):.3f}" + (f" ±{spread:.3f}" if len(scored) > 1 else "") + \
+        f" ({steps})"
+
+
+def plot_env(path: Path, env_id: str, legs: list[dict], base_reward: float) -> None:
+    """Reward vs wall seconds and reward vs optimizer step, one line per system and seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (by_time, by_step) = plt.subplots(1, 2, figsize=(11, 4), dpi=110, sharey=True)
+    for leg in legs:
+        snaps = [s for s in leg["snapshots"] if "reward" in s]
+        if not snaps:
+            continue
+        label = f"{LABELS[leg['system']]}, seed {leg['seed']}"
+        style = {"color": COLORS[leg["system"]], "marker": "o",
+                 "linestyle": "-" if leg["seed"] % 2 == 0 else "--"}
+        rewards = [base_reward] + [s["reward"] for s in snaps]
+        by_time.plot([0] + [s["t_s"] for s in snaps], rewards, label=label, **style)
+        by_step.plot([0] + [s["step"] for s in snaps], rewards, label=label, **style)
+    for ax, xlabel in ((by_time, "wall seconds"), (by_step, "optimizer step")):
+        ax.axhline(base_reward, color="gray", linewidth=0.8, linestyle=":")
+        ax.set_xlabel(xlabel)
+        ax.grid(alpha=0.3)
+    by_time.set_ylabel("held-out task reward (greedy)")
+    by_step.legend(loc="lower right", fontsize=8)
+    fig.suptitle(f"race on {env_id}: vfkit vs TRL, same budget")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
