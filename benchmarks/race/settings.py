@@ -127,7 +127,8 @@ def trl_config_kwargs(a: TrainerArgs, reward_weights: list[float], out: Path) ->
         "max_grad_norm": a.max_grad_norm,
         "bf16": a.bf16,
         "use_cpu": not _cuda(),  # TRL refuses bf16 on CPU unless told it is on CPU
-        "gradient_checkpointing": a.gradient_checkpointing,
+        # TRL turns it on by default; vfkit off (transformers 5 renamed the key)
+        "activation_checkpointing": a.gradient_checkpointing,
         "model_init_kwargs": {"dtype": "float32"},  # fp32 master weights, as vfkit's learner
         # --- loss
         "loss_type": a.loss_type,
