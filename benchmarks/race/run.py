@@ -94,13 +94,16 @@ def score_env(env_id: str, legs: list[Leg], records: dict[str, dict], eval_n: in
     cfg, _ = with_rollout_sampling(cfg, env)
     evaluator = Evaluator(resolve_model_dir(cfg.model), env, num_examples=eval_n,
                           max_tokens=cfg.trainer.args.max_tokens)
+    # a score is reused only if it was taken the same way (the env's reward may have changed)
+    how = {"task_reward": evaluator.task_reward, "eval_n": len(evaluator.rows)}
     print(f"[race] scoring {env_id}: base model", flush=True)
-    base = evaluator.score(None)
+    base = {**evaluator.score(None), "scored_with": how}
     for leg in legs:
         for snap in records[leg.out]["snapshots"]:
-            if "reward" not in snap:
+            if snap.get("scored_with") != how:
                 path = snap["path"] and Path(snap["path"])
-                snap.update(base if path is None else evaluator.score(path))
+                snap.update(base if path is None else {**evaluator.score(path),
+                                                       "scored_with": how})
         if leg.result_file.exists():  # scores are kept: a re-run only scores what is new
             leg.result_file.write_text(json.dumps(records[leg.out], indent=1))
     return base

@@ -95,12 +95,16 @@ def _inline_table(values: dict[str, Any]) -> str:
     return "{" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in values.items()) + "}"
 
 
-def trl_config_kwargs(a: TrainerArgs, reward_weights: list[float], out: Path) -> dict[str, Any]:
-    """`GRPOConfig` keyword arguments that reproduce vfkit's `TrainerArgs` `a`.
+def trl_config_kwargs(
+    a: TrainerArgs, sampling: dict[str, Any], reward_weights: list[float], out: Path
+) -> dict[str, Any]:
+    """`GRPOConfig` keyword arguments that reproduce vfkit's `TrainerArgs` `a` and the rollout
+    sampling args vfkit resolved (`phases.with_rollout_sampling`: the env's own count).
 
     One optimizer step = one generation batch: batch_size completions of
     batch_size / rollouts_per_example prompts, in micro-batches of micro_batch_size.
     """
+    s = {**sampling, **sampling.get("extra_body", {})}  # vLLM-only keys may sit in extra_body
     return {
         "output_dir": str(out),
         "seed": a.seed,
@@ -111,12 +115,12 @@ def trl_config_kwargs(a: TrainerArgs, reward_weights: list[float], out: Path) ->
         "num_iterations": 1,
         "max_steps": a.max_steps,
         # --- sampling
-        "max_completion_length": a.max_tokens,
-        "temperature": a.temperature,
-        "top_p": a.top_p,
-        "top_k": max(a.top_k, 0),  # TRL: 0 = off; vfkit: -1 = off
-        "min_p": a.min_p or None,
-        "repetition_penalty": a.repetition_penalty,
+        "max_completion_length": s.get("max_tokens", a.max_tokens),
+        "temperature": s.get("temperature", a.temperature),
+        "top_p": s.get("top_p", 1.0),
+        "top_k": max(s.get("top_k", -1), 0),  # TRL: 0 = off; vfkit: -1 = off
+        "min_p": s.get("min_p") or None,  # TRL: None = off; vfkit: 0 = off
+        "repetition_penalty": s.get("repetition_penalty", 1.0),
         # --- optimizer
         "learning_rate": a.learning_rate,
         "lr_scheduler_type": a.lr_scheduler_type,

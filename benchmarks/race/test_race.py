@@ -33,9 +33,9 @@ def test_trl_gets_the_vfkit_batch_shape_sampling_and_optimizer(tmp_path: Path) -
     from trl import GRPOConfig
 
     cfg = run_config(leg(tmp_path))
-    cfg, _ = with_rollout_sampling(cfg, vf.load_environment("reverse-text", max_words=2))
+    cfg, sampling = with_rollout_sampling(cfg, vf.load_environment("reverse-text", max_words=2))
     a = cfg.trainer.args
-    trl = GRPOConfig(**trl_config_kwargs(a, [1.0, 0.2], tmp_path / "trl"))
+    trl = GRPOConfig(**trl_config_kwargs(a, sampling, [1.0, 0.2], tmp_path / "trl"))
     # exp.toml: 4 prompts x 8 rollouts = 32 completions per optimizer step, micro-batches of 8
     assert (trl.num_generations, trl.generation_batch_size) == (8, 32)
     assert (trl.per_device_train_batch_size, trl.steps_per_generation) == (8, 4)
@@ -51,6 +51,17 @@ def test_trl_gets_the_vfkit_batch_shape_sampling_and_optimizer(tmp_path: Path) -
     assert (a.max_steps, a.eval_steps, a.save_steps, a.seed) == (UNBOUNDED_STEPS, 0, 0, 1)
     lora = lora_config(a)  # the very LoraConfig both systems get
     assert (lora.r, lora.lora_alpha, lora.target_modules) == (16, 32, "all-linear")
+
+
+def test_trl_samples_with_the_sampling_args_vfkit_resolved(tmp_path: Path) -> None:
+    a = run_config(leg(tmp_path)).trainer.args
+    sampling = {"max_tokens": 20, "temperature": 0.5, "top_p": 0.9,
+                "extra_body": {"top_k": 5, "min_p": 0.1}}  # as merge_sampling_args writes them
+    kwargs = trl_config_kwargs(a, sampling, [1.0], tmp_path)
+    picked = {k: kwargs[k] for k in ("max_completion_length", "temperature", "top_p", "top_k",
+                                     "min_p", "repetition_penalty")}
+    assert picked == {"max_completion_length": 20, "temperature": 0.5, "top_p": 0.9,
+                      "top_k": 5, "min_p": 0.1, "repetition_penalty": 1.0}
 
 
 def test_env_args_follow_the_env(tmp_path: Path) -> None:
@@ -127,3 +138,23 @@ def test_snapshots_copy_the_newest_adapter_at_each_tick(tmp_path: Path) -> None:
         assert config["step"] == snap["step"]
     times = [t for t, _ in record["steps"]]
     assert times == sorted(times) and times[0] < 0.4
+
+
+def test_scores_are_reused_only_when_taken_the_same_way(tmp_path: Path) -> None:
+    from benchmarks.race.run import score_env
+    from vfkit.testing.tiny_model import make_tiny_model
+
+    model = str(make_tiny_model(tmp_path / "tiny"))
+    tiny = Leg(system="vfkit", env_id="reverse-text", seed=0, budget_s=10, snapshot_every_s=5,
+               model=model, config=str(REPO / "configs" / "exp.toml"), out=str(tmp_path / "l"),
+               overrides=["trainer.args.max_tokens=4"])
+    same = {"task_reward": vf.load_environment("reverse-text").rubric.get_reward_func_names()[0],
+            "eval_n": 2}
+    kept = {"t_s": 5, "step": 0, "path": None, "reward": 0.5, "scored_with": same}
+    stale = {"t_s": 10, "step": 0, "path": None, "reward": 0.99,
+             "scored_with": {**same, "task_reward": "an_older_reward"}}
+    records = {tiny.out: {"snapshots": [kept, stale]}}
+    base = score_env("reverse-text", [tiny], records, eval_n=2)
+    assert kept["reward"] == 0.5  # same reward function, same prompts: not scored again
+    assert stale["reward"] == base["reward"] != 0.99 and stale["scored_with"] == same
+    assert len(base["sample"]["answer"]) <= 4 * 4  # 4 byte tokens, at most 4 bytes each

@@ -70,7 +70,7 @@ def train_trl(leg: Leg, clock: Snapshotter) -> None:
     (run.root / "sampling.json").write_text(json.dumps(sampling))
     trainer = GRPOTrainer(
         model=str(model_dir), reward_funcs=funcs, train_dataset=dataset,
-        args=GRPOConfig(**trl_config_kwargs(a, weights, run.root / "trl")),
+        args=GRPOConfig(**trl_config_kwargs(a, sampling, weights, run.root / "trl")),
         processing_class=tokenizer, peft_config=lora_config(a),
         callbacks=[SnapshotAdapters(run, clock)],
     )
