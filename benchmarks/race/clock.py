@@ -4,7 +4,9 @@ Both systems write `adapters/step_N/` after every optimizer step (vfkit does it 
 the server; the TRL leg does it from a callback), and may delete older ones. A `Snapshotter`
 thread watches that folder, notes when each step's adapter appears, and at every tick
 (every `every_s` seconds, and at the budget) copies the newest one to `snapshots/`; at the
-budget it calls `on_budget` so the system stops. The same code times both systems.
+budget it calls `on_budget` so the system stops. With `every_steps`, it also copies the
+adapter of every step that is a multiple of it (for comparisons at equal step counts). The
+same code times both systems.
 
     with Snapshotter(adapters, leg.snapshots, every_s=150, budget_s=900, on_budget=stop) as clock:
         train(...)
@@ -48,12 +50,14 @@ class Snapshotter:
 
     def __init__(
         self, adapters: Path, dest: Path, *, every_s: float, budget_s: float,
-        on_budget: Callable[[], None],
+        on_budget: Callable[[], None], every_steps: int = 0,
     ) -> None:
         self.adapters, self.dest = Path(adapters), Path(dest)
         self.ticks = ticks(every_s, budget_s)
         self.on_budget = on_budget
+        self.every_steps = every_steps
         self.snapshots: list[dict[str, Any]] = []
+        self.step_snapshots: list[dict[str, Any]] = []  # every `every_steps` steps
         self.steps: list[tuple[float, int]] = []  # (wall s, step) when each adapter appeared
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="race-clock", daemon=True)
@@ -83,6 +87,7 @@ class Snapshotter:
     def record(self) -> dict[str, Any]:
         """What leg.json keeps: the snapshots taken and when each step finished."""
         return {"ticks": self.ticks, "snapshots": self.snapshots,
+                "step_snapshots": self.step_snapshots,
                 "steps": [[round(t, 2), n] for t, n in self.steps]}
 
     def _watch(self) -> None:
@@ -104,8 +109,24 @@ class Snapshotter:
 
     def _note_new_step(self) -> None:
         newest = newest_adapter(self.adapters)
-        if newest and (not self.steps or newest[0] > self.steps[-1][1]):
+        last = self.steps[-1][1] if self.steps else 0
+        if newest and newest[0] > last:
             self.steps.append((self.elapsed(), newest[0]))
+            if self.every_steps:
+                for step in range(last + 1, newest[0] + 1):
+                    if step % self.every_steps == 0:
+                        self._snapshot_step(step)
+
+    def _snapshot_step(self, step: int) -> None:
+        """Copy adapters/step_<step>, if the system still has it (it may delete old ones)."""
+        target = self.dest / f"step{step}"
+        try:
+            shutil.copytree(self.adapters / f"step_{step}", target, dirs_exist_ok=True)
+        except (FileNotFoundError, shutil.Error):
+            shutil.rmtree(target, ignore_errors=True)
+            return
+        self.step_snapshots.append({"t_s": round(self.elapsed(), 2), "step": step,
+                                    "path": str(target)})
 
     def _snapshot(self, tick: float) -> None:
         """Copy the newest adapter as the policy at `tick` (step 0 = the base model)."""

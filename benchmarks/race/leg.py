@@ -36,7 +36,8 @@ def run_vfkit(leg: Leg) -> dict[str, Any]:
         stop.requested = True
 
     with Snapshotter(run_dir_of(cfg).adapters, leg.snapshots, every_s=leg.snapshot_every_s,
-                     budget_s=leg.budget_s, on_budget=stop_now) as clock:
+                     budget_s=leg.budget_s, on_budget=stop_now,
+                     every_steps=leg.snapshot_every_steps) as clock:
         error = _guarded(lambda: train(cfg, stop=stop))
     return {**clock.record(), "error": error}
 
@@ -46,7 +47,8 @@ def run_trl(leg: Leg) -> dict[str, Any]:
     from benchmarks.race.trl_leg import train_trl
 
     with Snapshotter(leg.root / "run" / "adapters", leg.snapshots, every_s=leg.snapshot_every_s,
-                     budget_s=leg.budget_s, on_budget=lambda: None) as clock:
+                     budget_s=leg.budget_s, on_budget=lambda: None,
+                     every_steps=leg.snapshot_every_steps) as clock:
         error = _guarded(lambda: train_trl(leg, clock))
     return {**clock.record(), "error": error}
 

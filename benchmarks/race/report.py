@@ -2,7 +2,8 @@
 
 results.md is the fragment for benchmarks/RESULTS.md: per environment, one row per system, one
 column per snapshot tick, each cell the mean held-out task reward over seeds with the spread
-(half the min-max range) and the optimizer steps each seed had reached.
+(half the min-max range) and the optimizer steps each seed had reached; with step snapshots
+(--snapshot-every-steps), a second table at equal step counts.
 """
 
 from __future__ import annotations
@@ -41,33 +42,44 @@ def write_report(
 
 
 def table(env_id: str, legs: list[dict], base: dict) -> list[str]:
-    """Markdown rows: reward mean ± half-spread (steps per seed) at each tick."""
-    ticks = sorted({s["t_s"] for leg in legs for s in leg["snapshots"]})
+    """Markdown: reward at each wall-clock tick, then (when taken) at each step multiple."""
     out = [f"**{env_id}**: held-out task reward (base model {base['reward']:.3f}); "
-           "mean over seeds ± half the seed spread (optimizer steps per seed)", "",
-           "| system | " + " | ".join(f"{t:g} s" for t in ticks) + " |",
-           "|---" * (len(ticks) + 1) + "|"]
-    for system in ("vfkit", "trl"):
-        runs = [leg for leg in legs if leg["system"] == system]
-        if not runs:
-            continue
-        cells = [cell([s for leg in runs for s in leg["snapshots"] if s["t_s"] == t])
-                 for t in ticks]
-        out.append(f"| {LABELS[system]} | " + " | ".join(cells) + " |")
+           "mean over seeds ± half the seed spread", ""]
+    out += grid(legs, "snapshots", "t_s", "{:g} s", show_steps=True)
+    if any(leg.get("step_snapshots") for leg in legs):
+        out += ["", "At equal optimizer steps:", ""]
+        out += grid(legs, "step_snapshots", "step", "step {}", show_steps=False)
     out += [f"- {LABELS[leg['system']]}, seed {leg['seed']}: **failed**: {leg['error']}"
             for leg in legs if leg.get("error")]
     return [*out, ""]
 
 
-def cell(snaps: list[dict]) -> str:
+def grid(legs: list[dict], key: str, column: str, title: str, show_steps: bool) -> list[str]:
+    """One row per system, one column per distinct `column` value of the `key` snapshots."""
+    values = sorted({s[column] for leg in legs for s in leg.get(key, [])})
+    rows = ["| system | " + " | ".join(title.format(v) for v in values) + " |",
+            "|---" * (len(values) + 1) + "|"]
+    for system in ("vfkit", "trl"):
+        runs = [leg for leg in legs if leg["system"] == system]
+        if runs:
+            cells = [cell([s for leg in runs for s in leg.get(key, []) if s[column] == v],
+                          show_steps) for v in values]
+            rows.append(f"| {LABELS[system]} | " + " | ".join(cells) + " |")
+    return rows
+
+
+def cell(snaps: list[dict], show_steps: bool) -> str:
+    """`mean ±half-spread (steps per seed)`; – when no seed has a score there."""
     scored = [s for s in snaps if "reward" in s]
     if not scored:
         return "–"
     rewards = [s["reward"] for s in scored]
-    steps = ", ".join(str(s["step"]) for s in scored)
-    spread = (max(rewards) - min(rewards)) / 2
-    return f"{fmean(rewards):.3f}" + (f" ±{spread:.3f}" if len(scored) > 1 else "") + \
-        f" ({steps})"
+    text = f"{fmean(rewards):.3f}"
+    if len(scored) > 1:
+        text += f" ±{(max(rewards) - min(rewards)) / 2:.3f}"
+    if show_steps:
+        text += " (" + ", ".join(str(s["step"]) for s in scored) + ")"
+    return text
 
 
 def plot_env(path: Path, env_id: str, legs: list[dict], base_reward: float) -> None:
@@ -85,9 +97,12 @@ def plot_env(path: Path, env_id: str, legs: list[dict], base_reward: float) -> N
         label = f"{LABELS[leg['system']]}, seed {leg['seed']}"
         style = {"color": COLORS[leg["system"]], "marker": "o",
                  "linestyle": "-" if leg["seed"] % 2 == 0 else "--"}
-        rewards = [base_reward] + [s["reward"] for s in snaps]
-        by_time.plot([0] + [s["t_s"] for s in snaps], rewards, label=label, **style)
-        by_step.plot([0] + [s["step"] for s in snaps], rewards, label=label, **style)
+        by_time.plot([0] + [s["t_s"] for s in snaps], [base_reward] + [s["reward"] for s in snaps],
+                     label=label, **style)
+        steps = {s["step"]: s["reward"] for s in snaps + leg.get("step_snapshots", [])
+                 if "reward" in s}
+        steps[0] = base_reward
+        by_step.plot(sorted(steps), [steps[k] for k in sorted(steps)], label=label, **style)
     for ax, xlabel in ((by_time, "wall seconds"), (by_step, "optimizer step")):
         ax.axhline(base_reward, color="gray", linewidth=0.8, linestyle=":")
         ax.set_xlabel(xlabel)

@@ -35,6 +35,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--budget-s", type=float, default=900.0, help="wall seconds per leg")
     p.add_argument("--snapshot-every-s", type=float, default=150.0,
                    help="seconds between adapter snapshots (the budget is always one)")
+    p.add_argument("--snapshot-every-steps", type=int, default=0,
+                   help="also snapshot every N optimizer steps, for equal-step comparisons")
     p.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct",
                    help=f"hub id or HF folder; '{TINY}' builds a random tiny model (smoke runs)")
     p.add_argument("--config", default="configs/exp.toml", help="vf-train TOML both sides use")
@@ -46,6 +48,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.budget_s <= 0 or args.snapshot_every_s <= 0 or args.eval_n < 1:
         p.error("--budget-s and --snapshot-every-s must be > 0 and --eval-n >= 1")
+    if args.snapshot_every_steps < 0:
+        p.error("--snapshot-every-steps must be >= 0 (0 = off)")
     return args
 
 
@@ -53,7 +57,8 @@ def plan_legs(args: argparse.Namespace, model: str) -> list[Leg]:
     """Every (env, seed, system) leg, each config validated before anything runs."""
     legs = [
         Leg(system=system, env_id=env_id, seed=seed, budget_s=args.budget_s,
-            snapshot_every_s=args.snapshot_every_s, model=model, config=args.config,
+            snapshot_every_s=args.snapshot_every_s,
+            snapshot_every_steps=args.snapshot_every_steps, model=model, config=args.config,
             out=str(Path(args.out) / env_id / f"seed{seed}" / system),
             overrides=list(args.overrides))
         for env_id in args.envs for seed in args.seeds for system in args.systems
@@ -99,11 +104,19 @@ def score_env(env_id: str, legs: list[Leg], records: dict[str, dict], eval_n: in
     print(f"[race] scoring {env_id}: base model", flush=True)
     base = {**evaluator.score(None), "scored_with": how}
     for leg in legs:
-        for snap in records[leg.out]["snapshots"]:
-            if snap.get("scored_with") != how:
-                path = snap["path"] and Path(snap["path"])
-                snap.update(base if path is None else {**evaluator.score(path),
-                                                       "scored_with": how})
+        record = records[leg.out]
+        by_step = {0: base}  # a step on the clock and in the step snapshots is scored once
+        for snap in record["snapshots"] + record.get("step_snapshots", []):
+            if snap.get("scored_with") == how:
+                by_step.setdefault(snap["step"], snap)
+            elif snap["step"] in by_step:
+                snap.update({k: v for k, v in by_step[snap["step"]].items()
+                             if k not in ("t_s", "step", "path")})
+            else:
+                print(f"[race] scoring {leg.system} seed {leg.seed} step {snap['step']}",
+                      flush=True)
+                snap.update({**evaluator.score(Path(snap["path"])), "scored_with": how})
+                by_step[snap["step"]] = snap
         if leg.result_file.exists():  # scores are kept: a re-run only scores what is new
             leg.result_file.write_text(json.dumps(records[leg.out], indent=1))
     return base

@@ -35,6 +35,8 @@ class Leg:
     """The vf-train TOML the race starts from."""
     out: str
     """This leg's folder: <race out>/<env>/seed<seed>/<system>."""
+    snapshot_every_steps: int = 0
+    """Also snapshot every N optimizer steps (0 = only on the clock)."""
     overrides: list[str] = field(default_factory=list)
     """Extra `key=value` config overrides, applied to both systems."""
 

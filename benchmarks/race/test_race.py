@@ -104,15 +104,15 @@ def test_ticks_end_at_the_budget() -> None:
         ticks(0, 100)
 
 
-def write_steps(adapters: Path, stop: threading.Event) -> None:
-    """A stand-in trainer: a new adapters/step_N every 0.1 s, only the newest two kept."""
+def write_steps(adapters: Path, stop: threading.Event, keep: int = 2) -> None:
+    """A stand-in trainer: a new adapters/step_N every 0.1 s, only the newest `keep` kept."""
     step = 0
     while not stop.is_set():
         step += 1
         folder = adapters / f"step_{step}"
         folder.mkdir(parents=True)
         (folder / "adapter_config.json").write_text(json.dumps({"step": step}))
-        old = adapters / f"step_{step - 2}"
+        old = adapters / f"step_{step - keep}"
         if old.exists():
             for f in old.iterdir():
                 f.unlink()
@@ -122,9 +122,9 @@ def write_steps(adapters: Path, stop: threading.Event) -> None:
 
 def test_snapshots_copy_the_newest_adapter_at_each_tick(tmp_path: Path) -> None:
     adapters, stopped = tmp_path / "adapters", threading.Event()
-    writer = threading.Thread(target=write_steps, args=(adapters, stopped))
+    writer = threading.Thread(target=write_steps, args=(adapters, stopped, 5))
     with Snapshotter(adapters, tmp_path / "snaps", every_s=0.4, budget_s=1.2,
-                     on_budget=stopped.set) as clock:
+                     on_budget=stopped.set, every_steps=3) as clock:
         writer.start()
         assert stopped.wait(10), "the budget never stopped the run"
         time.sleep(0.3)  # the trainer finishes its step after the stop request
@@ -138,6 +138,12 @@ def test_snapshots_copy_the_newest_adapter_at_each_tick(tmp_path: Path) -> None:
         assert config["step"] == snap["step"]
     times = [t for t, _ in record["steps"]]
     assert times == sorted(times) and times[0] < 0.4
+    # and every 3rd step until the budget, each copy the adapter of its step
+    by_step = record["step_snapshots"]
+    assert [s["step"] for s in by_step] == list(range(3, record["steps"][-1][1] + 1, 3))
+    for snap in by_step:
+        config = json.loads((Path(snap["path"]) / "adapter_config.json").read_text())
+        assert config["step"] == snap["step"] and snap["t_s"] <= 1.2 + 0.3
 
 
 def test_scores_are_reused_only_when_taken_the_same_way(tmp_path: Path) -> None:

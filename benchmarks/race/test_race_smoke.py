@@ -25,6 +25,7 @@ def test_tiny_race_writes_scored_snapshots_curves_and_table(tmp_path: Path) -> N
     out = tmp_path / "race"
     cmd = [sys.executable, "-m", "benchmarks.race.run", "--model", "tiny", "--envs",
            "reverse-text", "--seeds", "0", "--budget-s", "24", "--snapshot-every-s", "12",
+           "--snapshot-every-steps", "2",
            "--eval-n", "4", "--out", str(out), "--set", *TINY_SETTINGS]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get(
         "PYTHONPATH", "")])}
@@ -39,7 +40,11 @@ def test_tiny_race_writes_scored_snapshots_curves_and_table(tmp_path: Path) -> N
         assert last["step"] >= 1 and Path(last["path"], "adapter_model.safetensors").exists()
         assert all(0.0 <= s["reward"] <= 1.0 for s in leg["snapshots"])
         assert leg["steps"][-1][0] <= 24.5  # no step counted after the budget
+        steps = [s["step"] for s in leg["step_snapshots"]]
+        assert steps and all(n % 2 == 0 for n in steps)
+        assert all("reward" in s for s in leg["step_snapshots"])
     assert 0.0 <= points["base"]["reverse-text"]["reward"] <= 1.0
     assert (out / "reverse-text.png").stat().st_size > 10_000
     table = (out / "results.md").read_text()
-    assert "| vfkit (vf-train) |" in table and "| TRL GRPOTrainer |" in table
+    assert table.count("| vfkit (vf-train) |") == table.count("| TRL GRPOTrainer |") == 2
+    assert "At equal optimizer steps" in table
