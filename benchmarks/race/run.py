@@ -54,7 +54,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def plan_legs(args: argparse.Namespace, model: str) -> list[Leg]:
-    """Every (env, seed, system) leg, each config validated before anything runs."""
+    """Every (env, seed, system) leg, each config validated before anything runs.
+
+    The model is resolved here, once: converting SmolLM2's GGUF (~20 s) must not count
+    against the first leg's budget.
+    """
+    from vfkit.train.policy import resolve_model_dir
+
+    model = str(resolve_model_dir(model))
     legs = [
         Leg(system=system, env_id=env_id, seed=seed, budget_s=args.budget_s,
             snapshot_every_s=args.snapshot_every_s,
@@ -68,7 +75,19 @@ def plan_legs(args: argparse.Namespace, model: str) -> list[Leg]:
     for env_id in args.envs:  # a wrong env id or config key fails here, in seconds
         cfg = run_config(next(leg for leg in legs if leg.env_id == env_id))
         load_environment(cfg.env.id, **cfg.env.args)
+    for leg in legs:
+        check_reusable(leg)
     return legs
+
+
+def check_reusable(leg: Leg) -> None:
+    """A finished leg in the race folder is reused only if it ran with the same settings."""
+    spec = leg.root / "leg_spec.json"
+    if leg.result_file.exists() and spec.exists() and Leg.load(spec) != leg:
+        raise VfkitError(
+            f"{leg.root} holds a {leg.system} leg run with other settings ({spec}): choose"
+            " another --out, or delete that folder to run it again"
+        )
 
 
 def run_leg(leg: Leg) -> dict[str, Any]:
@@ -132,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         model = str(make_tiny_model(out / "tiny-model"))
     try:
         legs = plan_legs(args, model)
-    except (VfkitError, ValueError) as exc:
+    except (VfkitError, ValueError, OSError) as exc:  # a wrong env, model, config or --out
         print(f"race: {exc}", file=sys.stderr)
         return 2
     records = {leg.out: run_leg(leg) for leg in legs}

@@ -70,8 +70,9 @@ def test_env_args_follow_the_env(tmp_path: Path) -> None:
     assert other.env.args == {} and other.trainer.args.max_tokens == 32
 
 
-def test_trl_rewards_are_the_rubric_scores() -> None:
-    env = vf.load_environment("reverse-text", num_eval_examples=4)
+@pytest.mark.parametrize("env_id", ["reverse-text", "arithmetic"])
+def test_trl_rewards_are_the_rubric_scores(env_id: str) -> None:
+    env = vf.load_environment(env_id, num_train_examples=8, num_eval_examples=4)
     rows = list(env.get_eval_dataset())
     perfect = [[{"role": "assistant", "content": f"<answer>{r['answer']}</answer>"}]
                for r in rows]
@@ -164,3 +165,37 @@ def test_scores_are_reused_only_when_taken_the_same_way(tmp_path: Path) -> None:
     assert kept["reward"] == 0.5  # same reward function, same prompts: not scored again
     assert stale["reward"] == base["reward"] != 0.99 and stale["scored_with"] == same
     assert len(base["sample"]["answer"]) <= 4 * 4  # 4 byte tokens, at most 4 bytes each
+
+
+@pytest.mark.parametrize(("argv", "named"), [
+    (["--envs", "no-such-env"], "no-such-env"),
+    (["--set", "trainer.args.no_such_key=1"], "no_such_key"),
+    (["--model", "/no/such/model"], "/no/such/model"),
+])
+def test_bad_input_is_refused_before_anything_runs(
+    argv: list[str], named: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from benchmarks.race.run import main
+
+    assert main(["--out", str(tmp_path), "--config", str(REPO / "configs/exp.toml"), *argv]) == 2
+    assert named in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # no leg started
+
+
+def test_a_finished_leg_with_other_settings_is_not_reused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from benchmarks.race.run import main
+    from vfkit.testing.tiny_model import make_tiny_model
+
+    model = make_tiny_model(tmp_path / "tiny")
+    old = Leg(system="vfkit", env_id="reverse-text", seed=0, budget_s=10, snapshot_every_s=5,
+              model=str(model), config=str(REPO / "configs/exp.toml"),
+              out=str(tmp_path / "race" / "reverse-text" / "seed0" / "vfkit"))
+    old.root.mkdir(parents=True)
+    old.dump(old.root / "leg_spec.json")
+    old.result_file.write_text(json.dumps({"snapshots": [], "steps": [], "error": None}))
+    argv = ["--model", str(model), "--systems", "vfkit", "--budget-s", "20",
+            "--snapshot-every-s", "5", "--config", old.config, "--out", str(tmp_path / "race")]
+    assert main(argv) == 2
+    assert f"{old.root} holds a vfkit leg run with other settings" in capsys.readouterr().err
