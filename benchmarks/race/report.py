@@ -51,7 +51,20 @@ def table(env_id: str, legs: list[dict], base: dict) -> list[str]:
         out += grid(legs, "step_snapshots", "step", "step {}", show_steps=False)
     out += [f"- {LABELS[leg['system']]}, seed {leg['seed']}: **failed**: {leg['error']}"
             for leg in legs if leg.get("error")]
+    out += ["", f"Greedy answer to {quote(base['sample']['prompt'])}: base model "
+            f"{quote(base['sample']['answer'])}"]
+    for leg in legs:
+        last = next((s for s in reversed(leg["snapshots"]) if "sample" in s), None)
+        if last:
+            out.append(f"- {LABELS[leg['system']]}, seed {leg['seed']}, {last['t_s']:g} s "
+                       f"(step {last['step']}): {quote(last['sample']['answer'])}")
     return [*out, ""]
+
+
+def quote(text: str, limit: int = 80) -> str:
+    """Text as one markdown code span (newlines shown as ⏎, long answers cut)."""
+    text = text.replace("\n", "⏎").replace("`", "'")
+    return f"`{text[:limit]}{'…' if len(text) > limit else ''}`"
 
 
 def grid(legs: list[dict], key: str, column: str, title: str, show_steps: bool) -> list[str]:
