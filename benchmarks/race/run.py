@@ -1,7 +1,6 @@
 """The race command: vfkit vs TRL on the same env, prompts, rewards and batch, same wall budget.
 
-    python -m benchmarks.race.run --envs reverse-text arithmetic --seeds 0 1 \
-        --budget-s 900 --out outputs/race/cpu
+    python -m benchmarks.race.run --envs reverse-text arithmetic --seeds 0 1 --budget-s 900
 
 For each env and seed: vfkit's leg, then TRL's (one at a time, each in its own process, see
 leg.py), then every snapshot scored by one evaluator (evaluate.py); finally points.json,
