@@ -39,8 +39,9 @@ def ticks(every_s: float, budget_s: float) -> list[float]:
 
 def newest_adapter(adapters: Path) -> tuple[int, Path] | None:
     """(N, adapters/step_N) with the highest N; temp folders (".step_N.tmp") do not count."""
-    found = [(step_of(p), p) for p in adapters.glob("step_*") if p.is_dir()] \
-        if adapters.is_dir() else []
+    if not adapters.is_dir():
+        return None
+    found = [(step_of(p), p) for p in adapters.glob("step_*") if p.is_dir()]
     complete = [(n, p) for n, p in found if n is not None and (p / "adapter_config.json").exists()]
     return max(complete, default=None, key=lambda item: item[0])
 
