@@ -1,0 +1,63 @@
+"""The vfkit environment's rubric as TRL reward functions, and the one scorer of completions.
+
+TRL calls each reward function with `prompts`, `completions` and the dataset's other columns
+(`answer`, `info`, `task`, ...). `rubric_reward_funcs` returns one TRL function per rubric
+function, each scored by the rubric itself (so declared-argument passing, the parser and error
+handling are vfkit's), with the rubric's weights for TRL's `reward_weights`. The race's
+evaluator scores greedy completions with `score_completions`, the same path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from vfkit.rubrics.rubric import Rubric, Scores
+from vfkit.types import Messages
+
+
+def score_completions(
+    rubric: Rubric, rows: list[dict[str, Any]], completions: list[Messages], group_size: int
+) -> list[Scores]:
+    """The rubric's scores of `completions[i]` as an answer to `rows[i]`.
+
+    Consecutive runs of `group_size` rows form one group (group-level reward functions see it).
+    """
+    states = [
+        {"prompt": row["prompt"], "completion": completion, "answer": row.get("answer", ""),
+         "info": row.get("info") or {}, "task": row.get("task", "default"),
+         "example_id": row.get("example_id"), "error": None}
+        for row, completion in zip(rows, completions, strict=True)
+    ]
+    groups = [states[i : i + group_size] for i in range(0, len(states), group_size)]
+
+    async def score_all() -> list[list[Scores]]:
+        return await asyncio.gather(*(rubric.compute_scores(group) for group in groups))
+
+    return [scores for group in asyncio.run(score_all()) for scores in group]
+
+
+class RubricRewardFunc:
+    """One rubric function as a TRL reward function (TRL logs it under the same name)."""
+
+    def __init__(self, rubric: Rubric, name: str, group_size: int) -> None:
+        self.rubric, self.__name__, self.group_size = rubric, name, group_size
+
+    def __call__(
+        self, prompts: list[Messages], completions: list[Messages], **columns: Any
+    ) -> list[float]:
+        rows = [
+            {"prompt": prompt, **{k: columns[k][i] for k in ("answer", "info", "task", "example_id")
+                                  if k in columns}}
+            for i, prompt in enumerate(prompts)
+        ]
+        scores = score_completions(self.rubric, rows, completions, self.group_size)
+        return [s.metrics[self.__name__] for s in scores]
+
+
+def rubric_reward_funcs(rubric: Rubric, group_size: int) -> tuple[list[RubricRewardFunc],
+                                                                  list[float]]:
+    """TRL `reward_funcs` and `reward_weights` equivalent to `rubric`."""
+    funcs = [RubricRewardFunc(rubric, name, group_size)
+             for name in rubric.get_reward_func_names()]
+    return funcs, rubric.get_reward_weights()

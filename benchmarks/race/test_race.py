@@ -1,0 +1,201 @@
+"""The race's parts, fast: TRL settings translated from vfkit's, the rubric as TRL rewards,
+and the wall clock's snapshots.
+
+    PYTHONPATH=$PWD python -m pytest benchmarks/race/test_race.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import vfkit as vf
+from benchmarks.race.clock import Snapshotter, ticks
+from benchmarks.race.rewards import rubric_reward_funcs, score_completions
+from benchmarks.race.settings import UNBOUNDED_STEPS, Leg, run_config, trl_config_kwargs
+from vfkit.train.phases import with_rollout_sampling
+from vfkit.train.policy import lora_config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def leg(tmp_path: Path, env_id: str = "reverse-text", **kw) -> Leg:
+    return Leg(system="trl", env_id=env_id, seed=1, budget_s=60, snapshot_every_s=30,
+               model="HuggingFaceTB/SmolLM2-135M-Instruct",
+               config=str(REPO / "configs" / "exp.toml"), out=str(tmp_path / "leg"), **kw)
+
+
+def test_trl_gets_the_vfkit_batch_shape_sampling_and_optimizer(tmp_path: Path) -> None:
+    from trl import GRPOConfig
+
+    cfg = run_config(leg(tmp_path))
+    cfg, sampling = with_rollout_sampling(cfg, vf.load_environment("reverse-text", max_words=2))
+    a = cfg.trainer.args
+    trl = GRPOConfig(**trl_config_kwargs(a, sampling, [1.0, 0.2], tmp_path / "trl"))
+    # exp.toml: 4 prompts x 8 rollouts = 32 completions per optimizer step, micro-batches of 8
+    assert (trl.num_generations, trl.generation_batch_size) == (8, 32)
+    assert (trl.per_device_train_batch_size, trl.steps_per_generation) == (8, 4)
+    assert trl.gradient_accumulation_steps * trl.per_device_train_batch_size == a.batch_size
+    assert (trl.max_completion_length, trl.temperature, trl.top_k) == (48, 0.7, 0)
+    assert (trl.learning_rate, trl.warmup_steps, trl.lr_scheduler_type.value) == (
+        1e-4, 3, "constant_with_warmup")
+    assert (trl.adam_beta2, trl.max_grad_norm, trl.beta, trl.loss_type) == (0.99, 1.0, 0.0,
+                                                                           "grpo")
+    assert trl.reward_weights == [1.0, 0.2] and trl.seed == 1
+    assert trl.activation_checkpointing is False  # TRL's default is on; exp.toml's off
+    # the race's own changes to the config: no step limit, no in-loop eval or checkpoints
+    assert (a.max_steps, a.eval_steps, a.save_steps, a.seed) == (UNBOUNDED_STEPS, 0, 0, 1)
+    lora = lora_config(a)  # the very LoraConfig both systems get
+    assert (lora.r, lora.lora_alpha, lora.target_modules) == (16, 32, "all-linear")
+
+
+def test_trl_samples_with_the_sampling_args_vfkit_resolved(tmp_path: Path) -> None:
+    a = run_config(leg(tmp_path)).trainer.args
+    sampling = {"max_tokens": 20, "temperature": 0.5, "top_p": 0.9,
+                "extra_body": {"top_k": 5, "min_p": 0.1}}  # as merge_sampling_args writes them
+    kwargs = trl_config_kwargs(a, sampling, [1.0], tmp_path)
+    picked = {k: kwargs[k] for k in ("max_completion_length", "temperature", "top_p", "top_k",
+                                     "min_p", "repetition_penalty")}
+    assert picked == {"max_completion_length": 20, "temperature": 0.5, "top_p": 0.9,
+                      "top_k": 5, "min_p": 0.1, "repetition_penalty": 1.0}
+
+
+def test_env_args_follow_the_env(tmp_path: Path) -> None:
+    assert run_config(leg(tmp_path)).env.args == {"max_words": 2}  # exp.toml's reverse-text
+    other = run_config(leg(tmp_path, "arithmetic", overrides=["trainer.args.max_tokens=32"]))
+    assert other.env.args == {} and other.trainer.args.max_tokens == 32
+
+
+@pytest.mark.parametrize("env_id", ["reverse-text", "arithmetic"])
+def test_trl_rewards_are_the_rubric_scores(env_id: str) -> None:
+    env = vf.load_environment(env_id, num_train_examples=8, num_eval_examples=4)
+    rows = list(env.get_eval_dataset())
+    perfect = [[{"role": "assistant", "content": f"<answer>{r['answer']}</answer>"}]
+               for r in rows]
+    funcs, weights = rubric_reward_funcs(env.rubric, group_size=2)
+    columns = {k: [r[k] for r in rows] for k in ("answer", "info", "task")}
+    per_func = [f(prompts=[r["prompt"] for r in rows], completions=perfect, **columns)
+                for f in funcs]
+    assert [f.__name__ for f in funcs] == env.rubric.get_reward_func_names()
+    assert per_func == [[1.0] * 4, [1.0] * 4]  # a perfect, well-formed answer: both full
+    totals = [s.reward for s in score_completions(env.rubric, rows, perfect, group_size=2)]
+    weighted = [sum(w * f[i] for w, f in zip(weights, per_func, strict=True)) for i in range(4)]
+    assert weighted == pytest.approx(totals)  # TRL's weighted sum = the rubric's reward
+
+
+def test_group_reward_functions_see_one_group_at_a_time() -> None:
+    def group_size_reward(completions) -> list[float]:
+        return [float(len(completions))] * len(completions)
+
+    rubric = vf.Rubric(funcs=[group_size_reward])
+    rows = [{"prompt": [{"role": "user", "content": "hi"}]}] * 6
+    (func,), _ = rubric_reward_funcs(rubric, group_size=3)
+    assert func(prompts=[r["prompt"] for r in rows], completions=["x"] * 6) == [3.0] * 6
+
+
+def test_ticks_end_at_the_budget() -> None:
+    assert ticks(150, 900) == [150, 300, 450, 600, 750, 900]
+    assert ticks(150, 800) == [150, 300, 450, 600, 750, 800]
+    assert ticks(150, 100) == [100]
+    with pytest.raises(ValueError, match="must be > 0"):
+        ticks(0, 100)
+
+
+def write_steps(adapters: Path, stop: threading.Event, keep: int = 2) -> None:
+    """A stand-in trainer: a new adapters/step_N every 0.1 s, only the newest `keep` kept."""
+    step = 0
+    while not stop.is_set():
+        step += 1
+        folder = adapters / f"step_{step}"
+        folder.mkdir(parents=True)
+        (folder / "adapter_config.json").write_text(json.dumps({"step": step}))
+        old = adapters / f"step_{step - keep}"
+        if old.exists():
+            for f in old.iterdir():
+                f.unlink()
+            old.rmdir()
+        stop.wait(0.1)
+
+
+def test_snapshots_copy_the_newest_adapter_at_each_tick(tmp_path: Path) -> None:
+    adapters, stopped = tmp_path / "adapters", threading.Event()
+    writer = threading.Thread(target=write_steps, args=(adapters, stopped, 5))
+    with Snapshotter(adapters, tmp_path / "snaps", every_s=0.4, budget_s=1.2,
+                     on_budget=stopped.set, every_steps=3) as clock:
+        writer.start()
+        assert stopped.wait(10), "the budget never stopped the run"
+        time.sleep(0.3)  # the trainer finishes its step after the stop request
+    writer.join()
+    record = clock.record()
+    assert [s["t_s"] for s in record["snapshots"]] == [0.4, 0.8, 1.2]
+    steps = [s["step"] for s in record["snapshots"]]
+    assert 0 < steps[0] < steps[1] < steps[2] <= record["steps"][-1][1]
+    for snap in record["snapshots"]:  # each copy is the adapter of the step it names
+        config = json.loads((Path(snap["path"]) / "adapter_config.json").read_text())
+        assert config["step"] == snap["step"]
+    times = [t for t, _ in record["steps"]]
+    assert times == sorted(times) and times[0] < 0.4
+    # and every 3rd step until the budget, each copy the adapter of its step
+    by_step = record["step_snapshots"]
+    assert [s["step"] for s in by_step] == list(range(3, record["steps"][-1][1] + 1, 3))
+    for snap in by_step:
+        config = json.loads((Path(snap["path"]) / "adapter_config.json").read_text())
+        assert config["step"] == snap["step"] and snap["t_s"] <= 1.2 + 0.3
+
+
+def test_scores_are_reused_only_when_taken_the_same_way(tmp_path: Path) -> None:
+    from benchmarks.race.run import score_env
+    from vfkit.testing.tiny_model import make_tiny_model
+
+    model = str(make_tiny_model(tmp_path / "tiny"))
+    tiny = Leg(system="vfkit", env_id="reverse-text", seed=0, budget_s=10, snapshot_every_s=5,
+               model=model, config=str(REPO / "configs" / "exp.toml"), out=str(tmp_path / "l"),
+               overrides=["trainer.args.max_tokens=4"])
+    same = {"task_reward": vf.load_environment("reverse-text").rubric.get_reward_func_names()[0],
+            "eval_n": 2}
+    kept = {"t_s": 5, "step": 0, "path": None, "reward": 0.5, "scored_with": same}
+    stale = {"t_s": 10, "step": 0, "path": None, "reward": 0.99,
+             "scored_with": {**same, "task_reward": "an_older_reward"}}
+    records = {tiny.out: {"snapshots": [kept, stale]}}
+    base = score_env("reverse-text", [tiny], records, eval_n=2)
+    assert kept["reward"] == 0.5  # same reward function, same prompts: not scored again
+    assert stale["reward"] == base["reward"] != 0.99 and stale["scored_with"] == same
+    assert len(base["sample"]["answer"]) <= 4 * 4  # 4 byte tokens, at most 4 bytes each
+
+
+@pytest.mark.parametrize(("argv", "named"), [
+    (["--envs", "no-such-env"], "no-such-env"),
+    (["--set", "trainer.args.no_such_key=1"], "no_such_key"),
+    (["--model", "/no/such/model"], "/no/such/model"),
+])
+def test_bad_input_is_refused_before_anything_runs(
+    argv: list[str], named: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from benchmarks.race.run import main
+
+    assert main(["--out", str(tmp_path), "--config", str(REPO / "configs/exp.toml"), *argv]) == 2
+    assert named in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # no leg started
+
+
+def test_a_finished_leg_with_other_settings_is_not_reused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from benchmarks.race.run import main
+    from vfkit.testing.tiny_model import make_tiny_model
+
+    model = make_tiny_model(tmp_path / "tiny")
+    old = Leg(system="vfkit", env_id="reverse-text", seed=0, budget_s=10, snapshot_every_s=5,
+              model=str(model), config=str(REPO / "configs/exp.toml"),
+              out=str(tmp_path / "race" / "reverse-text" / "seed0" / "vfkit"))
+    old.root.mkdir(parents=True)
+    old.dump(old.root / "leg_spec.json")
+    old.result_file.write_text(json.dumps({"snapshots": [], "steps": [], "error": None}))
+    argv = ["--model", str(model), "--systems", "vfkit", "--budget-s", "20",
+            "--snapshot-every-s", "5", "--config", old.config, "--out", str(tmp_path / "race")]
+    assert main(argv) == 2
+    assert f"{old.root} holds a vfkit leg run with other settings" in capsys.readouterr().err

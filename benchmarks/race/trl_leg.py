@@ -1,0 +1,79 @@
+"""The TRL side of the race: TRL's GRPOTrainer built from the same vfkit config and environment.
+
+Same model folder, same training prompts (the environment's dataset, chat messages with its
+system prompt), the environment's rubric as reward functions (rewards.py), and GRPOConfig
+translated from vfkit's resolved TrainerArgs (settings.py). A callback saves the adapter after
+every optimizer step into the vfkit run layout, where the race clock snapshots it, and stops
+training when the clock's budget has passed.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from typing import Any
+
+from transformers import TrainerCallback
+
+from benchmarks.race.clock import Snapshotter
+from benchmarks.race.rewards import rubric_reward_funcs
+from benchmarks.race.settings import Leg, run_config, trl_config_kwargs
+from vfkit.train.policy import lora_config, resolve_model_dir, save_adapter
+from vfkit.train.rundir import RunDir
+
+KEEP_ADAPTERS = 2  # the clock copies the newest; older ones are deleted
+
+
+class SnapshotAdapters(TrainerCallback):
+    """Save adapters/step_N after each step (vfkit's layout), log each step, stop at budget."""
+
+    def __init__(self, run: RunDir, clock: Snapshotter) -> None:
+        self.run, self.clock = run, clock
+
+    def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None,
+                    **kwargs: Any) -> None:
+        save_adapter(model, self.run.adapter_dir(state.global_step))
+        shutil.rmtree(self.run.adapter_dir(state.global_step - KEEP_ADAPTERS), ignore_errors=True)
+        if self.clock.expired:
+            control.should_training_stop = True
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None,
+               **kwargs: Any) -> None:
+        record = {"step": state.global_step, "wall_s": round(self.clock.elapsed(), 2),
+                  **(logs or {})}
+        with self.run.metrics.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def train_trl(leg: Leg, clock: Snapshotter) -> None:
+    """Build the trainer (model load counts against the budget, as vfkit's does) and train."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from vfkit.train.data import dataset_rows
+    from vfkit.train.phases import load_envs, with_rollout_sampling
+
+    cfg = run_config(leg)
+    env, _ = load_envs(cfg)
+    cfg, sampling = with_rollout_sampling(cfg, env)  # the env's own max_tokens etc., as vfkit
+    a = cfg.trainer.args
+    model_dir = resolve_model_dir(cfg.model)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    rows = dataset_rows(env.get_dataset(), tokenizer, a.max_prompt_len)[0]  # vfkit's filter
+    columns = ("prompt", "answer", "info", "task", "example_id")
+    dataset = Dataset.from_list([{k: row[k] for k in columns if k in row} for row in rows])
+    funcs, weights = rubric_reward_funcs(env.rubric, a.rollouts_per_example)
+    run = RunDir(leg.root / "run")
+    run.adapters.mkdir(parents=True, exist_ok=True)
+    (run.root / "sampling.json").write_text(json.dumps(sampling))
+    trainer = GRPOTrainer(
+        model=str(model_dir), reward_funcs=funcs, train_dataset=dataset,
+        args=GRPOConfig(**trl_config_kwargs(a, sampling, weights, run.root / "trl")),
+        processing_class=tokenizer, peft_config=lora_config(a),
+        callbacks=[SnapshotAdapters(run, clock)],
+    )
+    started = time.monotonic()
+    trainer.train()
+    print(f"TRL trained {trainer.state.global_step} steps in {time.monotonic() - started:.0f} s")
