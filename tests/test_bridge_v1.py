@@ -6,6 +6,9 @@ environments, against vfkit's scripted OpenAI/vLLM-compatible test server on loo
 
 - verifiers' own `vf-eval` runs `vfkit-reverse-text`; every trace's rewards equal what vfkit
   computes for the same reply;
+- the same against a real `vf-serve` subprocess (tiny random model), streaming: a harness that
+  streams makes verifiers' eval client stream (vfkit's harness does not stream), a recording
+  proxy shows vf-serve answered as SSE, and streamed and plain replies have the same token ids;
 - prime-rl's orchestrator role (`bridge_v1/orchestrator.py`): load the taskset by id, run
   episodes through the v1 env server with the train client (token-in generate endpoint), build
   training samples from the traces; the loss mask covers exactly the model's tokens, on a
