@@ -1,8 +1,9 @@
 """vfkit environments in verifiers v1 and today's prime-rl, through `vfkit.bridge` (issue 14).
 
-Both tests run in a throwaway venv with the newest verifiers from PyPI (built once under
+The tests run in a throwaway venv with the newest verifiers from PyPI (built once under
 `.cache/bridge-v1-venv/`, gitignored; delete it to rebuild) holding this checkout's vfkit and
-environments, against vfkit's scripted OpenAI/vLLM-compatible test server on loopback:
+environments, against vfkit's scripted OpenAI/vLLM-compatible test server on loopback (or a real
+`vf-serve` where said):
 
 - verifiers' own `vf-eval` runs `vfkit-reverse-text`; every trace's rewards equal what vfkit
   computes for the same reply;
@@ -97,6 +98,12 @@ def v1_python() -> str:
         _run([pip, "install", "-q", "--no-deps", "-e", str(ROOT), *editable], "installing vfkit")
         stamp.write_text(" ".join(ENVIRONMENTS))
     return str(VENV / "bin" / "python")
+
+
+def _with_helpers() -> dict[str, str]:
+    """This environment, with the test harnesses in `bridge_v1/` importable by id."""
+    path = os.pathsep.join([str(HELPERS), os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, "PYTHONPATH": path}
 
 
 @pytest.fixture
@@ -238,40 +245,17 @@ async def test_verifiers_eval_scores_a_vfkit_environment_as_vfkit_does(
         assert all(t["metrics"]["total_tool_calls"] == 2.0 for t in traces)
 
 
-PLAIN_HARNESS = """
-import verifiers.v1 as vf
-from openai import AsyncOpenAI
-from verifiers.v1.runtimes import ProgramResult
-
-
-class PlainChat(vf.Harness[vf.HarnessConfig]):
-    APPENDS_SYSTEM_PROMPT, EXECUTES_CODE, NEEDS_CONTAINER = True, False, False
-
-    async def launch(self, ctx, trace, runtime, endpoint, secret, mcp_urls, data, **kwargs):
-        system, prompt = self.resolve_prompt(data)
-        messages = [{"role": "system", "content": system}] if system else []
-        messages += [m.model_dump(exclude_none=True) for m in prompt]
-        async with AsyncOpenAI(base_url=endpoint, api_key=secret) as client:
-            await client.chat.completions.create(model=ctx.model, messages=messages)
-        return ProgramResult(0, "", "")
-
-
-__all__ = ["PlainChat"]
-"""
-
-
 @slow
 async def test_a_harness_that_knows_nothing_of_vfkit_is_scored_from_the_trace(
         v1_python: str, local_envs: None, tmp_path: Path) -> None:
     """prime-rl's own examples pin `harness.id = "null"`: the vfkit rubric then reads the trace."""
-    (tmp_path / "plain_chat.py").write_text(PLAIN_HARNESS)
     args = {"num_eval_examples": 4}
     with TestServer(reverse_model) as server:
         _run([v1_python, "-c", EVAL_CLI, "vfkit-reverse-text", "-m", "tiny", "-n", "4", "-r", "1",
               "--no-push", "-o", str(tmp_path / "out"), "--env.taskset.split", "eval",
               "--env.taskset.args", json.dumps(args), "--env.agent.harness.id", "plain_chat",
               "--client.base-url", server.base_url],
-             "verifiers' vf-eval", timeout=600, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+             "verifiers' vf-eval", timeout=600, env=_with_helpers())
     traces = [t for line in next(tmp_path.rglob("traces.jsonl")).open()
               for t in json.loads(line)["traces"]]
     env = vf.load_environment("reverse-text", **args)
@@ -317,7 +301,6 @@ async def test_verifiers_eval_streams_from_vf_serve_and_vfkit_scores_the_replies
     token for token, to the same request not streamed (greedy).
     """
     args, sampling = {"num_eval_examples": 3}, {"temperature": 0, "max_tokens": 12}
-    path = os.pathsep.join([str(HELPERS), os.environ.get("PYTHONPATH", "")])
     with start_server(str(tiny_model_path), dtype="float32", log_path=tmp_path / "serve.log"
                       ) as server, RecordingProxy(server.base_url) as proxy:
         _run([v1_python, "-c", EVAL_CLI, "vfkit-reverse-text", "-m", str(tiny_model_path),
@@ -325,7 +308,7 @@ async def test_verifiers_eval_streams_from_vf_serve_and_vfkit_scores_the_replies
               "--env.taskset.split", "eval", "--env.taskset.args", json.dumps(args),
               "--env.agent.harness.id", "streaming_chat", "--client.base-url", proxy.base_url,
               "--sampling.temperature", "0", "--sampling.max-tokens", "12"],
-             "verifiers' vf-eval", timeout=300, env={**os.environ, "PYTHONPATH": path})
+             "verifiers' vf-eval", timeout=300, env=_with_helpers())
         traces = [t for line in next(tmp_path.rglob("traces.jsonl")).open()
                   for t in json.loads(line)["traces"]]
         assert len(traces) == 3 and all(t["ok"] for t in traces)
