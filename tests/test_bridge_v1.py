@@ -1,11 +1,15 @@
 """vfkit environments in verifiers v1 and today's prime-rl, through `vfkit.bridge` (issue 14).
 
-Both tests run in a throwaway venv with the newest verifiers from PyPI (built once under
+The tests run in a throwaway venv with the newest verifiers from PyPI (built once under
 `.cache/bridge-v1-venv/`, gitignored; delete it to rebuild) holding this checkout's vfkit and
-environments, against vfkit's scripted OpenAI/vLLM-compatible test server on loopback:
+environments, against vfkit's scripted OpenAI/vLLM-compatible test server on loopback (or a real
+`vf-serve` where said):
 
 - verifiers' own `vf-eval` runs `vfkit-reverse-text`; every trace's rewards equal what vfkit
   computes for the same reply;
+- the same against a real `vf-serve` subprocess (tiny random model), streaming: a harness that
+  streams makes verifiers' eval client stream (vfkit's harness does not stream), a recording
+  proxy shows vf-serve answered as SSE, and streamed and plain replies have the same token ids;
 - prime-rl's orchestrator role (`bridge_v1/orchestrator.py`): load the taskset by id, run
   episodes through the v1 env server with the train client (token-in generate endpoint), build
   training samples from the traces; the loss mask covers exactly the model's tokens, on a
@@ -28,17 +32,20 @@ from pathlib import Path
 
 import httpx
 import pytest
+from bridge_v1.recording_proxy import RecordingProxy
 from fastapi import Request
 from openai import AsyncOpenAI
 
 import vfkit as vf
+from vfkit.serve.launcher import start_server
 from vfkit.testing.scripted_server import Reply, TestServer
 from vfkit.testing.tiny_model import make_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV = ROOT / ".cache" / "bridge-v1-venv"
 ENVIRONMENTS = ("reverse-text", "guess-number", "calculator")
-ORCHESTRATOR = Path(__file__).parent / "bridge_v1" / "orchestrator.py"
+HELPERS = Path(__file__).parent / "bridge_v1"
+ORCHESTRATOR = HELPERS / "orchestrator.py"
 # verifiers' vf-eval by module: vfkit's own `vf-eval` script shares the name in this venv
 EVAL_CLI = "import sys; from verifiers.v1.cli.eval.main import main; sys.argv[0]='vf-eval'; main()"
 
@@ -91,6 +98,12 @@ def v1_python() -> str:
         _run([pip, "install", "-q", "--no-deps", "-e", str(ROOT), *editable], "installing vfkit")
         stamp.write_text(" ".join(ENVIRONMENTS))
     return str(VENV / "bin" / "python")
+
+
+def _with_helpers() -> dict[str, str]:
+    """This environment, with the test harnesses in `bridge_v1/` importable by id."""
+    path = os.pathsep.join([str(HELPERS), os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, "PYTHONPATH": path}
 
 
 @pytest.fixture
@@ -232,40 +245,17 @@ async def test_verifiers_eval_scores_a_vfkit_environment_as_vfkit_does(
         assert all(t["metrics"]["total_tool_calls"] == 2.0 for t in traces)
 
 
-PLAIN_HARNESS = """
-import verifiers.v1 as vf
-from openai import AsyncOpenAI
-from verifiers.v1.runtimes import ProgramResult
-
-
-class PlainChat(vf.Harness[vf.HarnessConfig]):
-    APPENDS_SYSTEM_PROMPT, EXECUTES_CODE, NEEDS_CONTAINER = True, False, False
-
-    async def launch(self, ctx, trace, runtime, endpoint, secret, mcp_urls, data, **kwargs):
-        system, prompt = self.resolve_prompt(data)
-        messages = [{"role": "system", "content": system}] if system else []
-        messages += [m.model_dump(exclude_none=True) for m in prompt]
-        async with AsyncOpenAI(base_url=endpoint, api_key=secret) as client:
-            await client.chat.completions.create(model=ctx.model, messages=messages)
-        return ProgramResult(0, "", "")
-
-
-__all__ = ["PlainChat"]
-"""
-
-
 @slow
 async def test_a_harness_that_knows_nothing_of_vfkit_is_scored_from_the_trace(
         v1_python: str, local_envs: None, tmp_path: Path) -> None:
     """prime-rl's own examples pin `harness.id = "null"`: the vfkit rubric then reads the trace."""
-    (tmp_path / "plain_chat.py").write_text(PLAIN_HARNESS)
     args = {"num_eval_examples": 4}
     with TestServer(reverse_model) as server:
         _run([v1_python, "-c", EVAL_CLI, "vfkit-reverse-text", "-m", "tiny", "-n", "4", "-r", "1",
               "--no-push", "-o", str(tmp_path / "out"), "--env.taskset.split", "eval",
               "--env.taskset.args", json.dumps(args), "--env.agent.harness.id", "plain_chat",
               "--client.base-url", server.base_url],
-             "verifiers' vf-eval", timeout=600, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+             "verifiers' vf-eval", timeout=600, env=_with_helpers())
     traces = [t for line in next(tmp_path.rglob("traces.jsonl")).open()
               for t in json.loads(line)["traces"]]
     env = vf.load_environment("reverse-text", **args)
@@ -292,6 +282,60 @@ def test_a_failed_vfkit_rollout_fails_its_trace_instead_of_scoring_zero(
     message = " ".join(e["message"] for e in trace["errors"])
     assert "upstream 400" in message and "script exhausted" in message  # the server's words
     assert not any(trace["rewards"].values())  # nothing scored
+
+
+# ----- verifiers' eval against a real vf-serve, streaming -----
+def _messages(trace: dict) -> list[dict]:
+    """A single-branch trace's messages, in order (its last one is the streamed reply)."""
+    return [node["message"] for node in trace["nodes"]]
+
+
+@slow
+async def test_verifiers_eval_streams_from_vf_serve_and_vfkit_scores_the_replies(
+        v1_python: str, tiny_model_path: Path, tmp_path: Path) -> None:
+    """verifiers' eval relays a streamed harness call to a real `vf-serve` (tiny random model).
+
+    Only a harness that streams makes verifiers' eval client stream (vfkit's does not; see
+    `bridge_v1/streaming_chat.py`). The proxy shows vf-serve answered each call as SSE; each
+    trace's reward is vfkit's rubric on the trace's reply, and vf-serve gives the same reply,
+    token for token, to the same request not streamed (greedy).
+    """
+    args, sampling = {"num_eval_examples": 3}, {"temperature": 0, "max_tokens": 12}
+    with start_server(str(tiny_model_path), dtype="float32", log_path=tmp_path / "serve.log"
+                      ) as server, RecordingProxy(server.base_url) as proxy:
+        _run([v1_python, "-c", EVAL_CLI, "vfkit-reverse-text", "-m", str(tiny_model_path),
+              "-n", "3", "-r", "1", "--no-push", "-o", str(tmp_path / "out"),
+              "--env.taskset.split", "eval", "--env.taskset.args", json.dumps(args),
+              "--env.agent.harness.id", "streaming_chat", "--client.base-url", proxy.base_url,
+              "--sampling.temperature", "0", "--sampling.max-tokens", "12"],
+             "verifiers' vf-eval", timeout=300, env=_with_helpers())
+        traces = [t for line in next(tmp_path.rglob("traces.jsonl")).open()
+                  for t in json.loads(line)["traces"]]
+        assert len(traces) == 3 and all(t["ok"] for t in traces)
+        async with AsyncOpenAI(base_url=server.base_url, api_key="x") as client:
+            for trace in traces:
+                *messages, reply = _messages(trace)
+                streamed = await client.chat.completions.create(
+                    model=str(tiny_model_path), messages=messages, stream=True,
+                    extra_body={"return_token_ids": True}, **sampling)
+                ids = [t async for chunk in streamed for c in chunk.choices
+                       for t in (getattr(c, "token_ids", None) or [])]
+                whole = await client.chat.completions.create(
+                    model=str(tiny_model_path), messages=messages,
+                    extra_body={"return_token_ids": True}, **sampling)
+                assert ids == whole.choices[0].token_ids and ids  # same tokens, not none
+                assert whole.choices[0].message.content == reply["content"]
+    chat = [c for c in proxy.calls if c.path.endswith("/chat/completions")]
+    assert len(chat) == 3  # one model call per task, each streamed and answered as SSE
+    assert all(c.stream and c.content_type.startswith("text/event-stream") for c in chat)
+    env = vf.load_environment("reverse-text", **args)
+    for trace in traces:
+        state = env.init_state(dict(trace["task"]["data"]["row"]))
+        state["completion"] = _messages(trace)[-1:]
+        await env.rubric.score_rollout(state)
+        total = sum(r["score"] * r["weight"] for r in trace["rewards"].values())
+        assert set(trace["rewards"]) == {"reversal_reward", "format_reward_func"}
+        assert total == pytest.approx(state["reward"])
 
 
 # ----- prime-rl's orchestrator role -----
