@@ -58,11 +58,15 @@ async def test_env_and_trainer_share_one_advantage() -> None:
     with TestServer(["yes", "no", "no"]) as server:
         group = await env.run_group([{"question": "q", "answer": "yes"}] * 3,
                                     server.client(), "m")
-    group[2]["error"] = "RolloutError: the server went away"  # a failure after scoring
-    env_advantages = [s["advantage"] for s in group]
-    assert env_advantages == pytest.approx([2 / 3, -1 / 3, -1 / 3])  # mean of 1, 0, 0 = 1/3
+    rewards = [s["reward"] for s in group]  # replies reach concurrent rollouts in any order
+    assert sorted(rewards) == [0.0, 0.0, 1.0]
+    # the env's scoring: reward minus the mean of 1, 0, 0 = 1/3
+    assert [s["advantage"] for s in group] == pytest.approx([r - 1 / 3 for r in rewards])
+    failed = next(s for s in group if s["reward"] == 0.0)
+    failed["error"] = "RolloutError: the server went away"  # a failure after scoring
     assign_advantages([group], scale_rewards="none", zero_truncated=False, filter_zero=False)
     # the failed rollout leaves the baseline: mean of (1, 0) = 0.5
-    assert [s["advantage"] for s in group] == [0.5, -0.5, 0.0]
+    expected = [0.0 if s is failed else s["reward"] - 0.5 for s in group]
+    assert [s["advantage"] for s in group] == expected
     for state in group:  # the trajectory's per-turn copies follow the state's advantage
         assert all(step["advantage"] == state["advantage"] for step in state["trajectory"])
