@@ -138,9 +138,9 @@ def lora_step_ms(model_path: Path, adapter: Path, batch: int, context: int = 256
     import torch
     from transformers import AutoModelForCausalLM
 
-    from vfkit.serve.config import choose_dtype, load_model
     from vfkit.serve.kv_cache import BatchCache
     from vfkit.serve.lora import LoraManager
+    from vfkit.serve.model import choose_dtype, load_model
 
     managers = {}
     for merge in (True, False):

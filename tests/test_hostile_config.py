@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from vfkit.cli.rl import main as vf_rl
 from vfkit.cli.train import main as vf_train
 from vfkit.errors import ConfigError
-from vfkit.launch.main import main as vf_rl
 from vfkit.train.config_loader import load_config, parse_config
 
 BASE = 'model = "m"\n[env]\nid = "reverse-text"\n'
@@ -277,8 +277,8 @@ ORDERS = [
 
 @pytest.mark.parametrize("order", ORDERS, ids=lambda o: " ".join(o))
 def test_overrides_after_flags_are_accepted(order: list[str]) -> None:
+    from vfkit.cli.rl import parse_args as rl_args
     from vfkit.cli.train import parse_args as train_args
-    from vfkit.launch.main import parse_args as rl_args
 
     rl = rl_args(order)
     assert rl.config == "CFG" and "trainer.args.max_steps=5" in rl.overrides
@@ -322,7 +322,7 @@ def test_api_key_override_is_hidden_in_the_printed_plan() -> None:
 def test_inside_tmux_with_no_client_says_where_the_run_is(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from vfkit.launch.main import show_session
+    from vfkit.cli.rl import show_session
     from vfkit.train.rundir import RunDir
 
     monkeypatch.setenv("TMUX_TMPDIR", str(tmp_path))  # a private tmux server

@@ -54,7 +54,7 @@ def test_builtin_server_lifecycle(tiny_model_path, tmp_path):
     with pytest.raises(ProcessLookupError):
         os.killpg(server.pid, 0)  # the whole process group is gone
     text = log.read_text()
-    assert "-m vfkit.serve" in text and "--allowed-adapter-dir" in text
+    assert "-m vfkit.cli.serve" in text and "--allowed-adapter-dir" in text
     assert server.stop() == server.popen.returncode  # a second stop is harmless
 
 

@@ -136,15 +136,16 @@ def start_server(
 ) -> ServerProcess:
     """Start `model` behind an OpenAI-compatible server; with `wait`, return once it is healthy.
 
-    backend "builtin" runs `python -m vfkit.serve`; "vllm" runs vLLM's OpenAI server (the
-    python of `executable`/$VFKIT_VLLM_PYTHON, else this one). `port=None` picks a free port.
+    backend "builtin" runs `python -m vfkit.cli.serve` (vf-serve); "vllm" runs vLLM's OpenAI
+    server (the python of `executable`/$VFKIT_VLLM_PYTHON, else this one). `port=None` picks a
+    free port.
     """
     port = port or free_port(host)
     log = Path(log_path) if log_path else _default_log(port)
     log.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     if backend == "builtin":
-        cmd = [executable or sys.executable, "-m", "vfkit.serve", model, "--host", host]
+        cmd = [executable or sys.executable, "-m", "vfkit.cli.serve", model, "--host", host]
         cmd += ["--port", str(port), "--max-lora-rank", str(max_lora_rank)]
         cmd += ["--max-loras", str(max_loras), "--dtype", dtype]
         for folder in allowed_adapter_dirs:

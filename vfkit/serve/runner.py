@@ -15,7 +15,8 @@ import uvicorn
 
 from vfkit.errors import ServerError
 from vfkit.serve.app import create_app
-from vfkit.serve.config import ServeConfig, build_engine
+from vfkit.serve.config import ServeConfig
+from vfkit.serve.model import build_engine
 
 log = logging.getLogger("vfkit.serve")
 

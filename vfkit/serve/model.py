@@ -1,0 +1,103 @@
+"""Load the served model onto its device in its dtype, and build the generation engine.
+
+    engine = build_engine(ServeConfig("HuggingFaceTB/SmolLM2-135M-Instruct"))
+
+`ServeConfig` (config.py) says what to serve; this module turns it into a running `Engine`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from vfkit.serve.config import ServeConfig
+
+log = logging.getLogger("vfkit.serve")
+
+
+def cpu_supports_bf16() -> bool:
+    """True when the CPU has native bf16 matmuls (AVX512-BF16 or AMX), where bf16 is fast."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return any(f in flags for f in ("avx512_bf16", "amx_bf16"))
+
+
+def choose_dtype(name: str, device: str):
+    """'auto': bf16 on GPUs and on bf16-capable CPUs, else fp32; otherwise the named dtype."""
+    import torch
+
+    if name != "auto":
+        dtype = getattr(torch, name, None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"unknown --dtype {name!r}: use auto, bfloat16, float16 or float32")
+        return dtype
+    if device.startswith("cuda"):
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.bfloat16 if cpu_supports_bf16() else torch.float32
+
+
+def choose_device(name: str) -> str:
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def build_engine(config: ServeConfig):
+    """Resolve and load the model, and start the generation worker."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from vfkit.hub import resolve_model
+    from vfkit.serve.engine import Engine
+    from vfkit.serve.lora import LoraManager
+
+    threads = config.threads or os.cpu_count() or 1
+    torch.set_num_threads(threads)
+    path = resolve_model(config.model)
+    device = choose_device(config.device)
+    dtype = choose_dtype(config.dtype, device)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = load_model(AutoModelForCausalLM, path, dtype, device)
+    model.requires_grad_(False)
+    log.info(
+        "loaded %s from %s on %s as %s (%d threads)", config.model, path, device, dtype, threads
+    )
+    max_len = config.max_model_len or getattr(model.config, "max_position_embeddings", None) or 2048
+    engine = Engine(
+        LoraManager(
+            model, allowed_dirs=config.allowed_adapter_dirs, max_lora_rank=config.max_lora_rank
+        ),
+        tokenizer,
+        max_model_len=int(max_len),
+        eos_token_ids=_eos_ids(model, tokenizer),
+        max_batch=config.max_num_seqs,
+        max_queue=config.max_queue,
+        max_prefill_tokens=config.max_prefill_tokens,
+        max_loras=config.max_loras,
+        threads=threads,
+        model_path=str(path),
+    )
+    engine.start()
+    return engine
+
+
+def load_model(auto_cls, path, dtype, device: str = "cpu"):
+    """The model in eval mode on `device` (PyTorch's SDPA attention measured fastest on CPU)."""
+    return auto_cls.from_pretrained(path, dtype=dtype).to(device).eval()
+
+
+def _eos_ids(model, tokenizer) -> set[int]:
+    ids: set[int] = set()
+    gen = getattr(model, "generation_config", None)
+    eos = getattr(gen, "eos_token_id", None) if gen is not None else None
+    for value in (eos, tokenizer.eos_token_id):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list | tuple):
+            ids.update(v for v in value if isinstance(v, int))
+    return ids
