@@ -104,35 +104,13 @@ def start_session(name: str, run: RunDir, supervisor_args: Sequence[str]) -> Non
         "#{pane_id}",
         trainer_cmd,
     ).stdout.strip()
-    metrics = _tmux(
-        "split-window",
-        "-v",
-        "-l",
-        "35%",
-        "-t",
-        pane,
-        "-c",
-        cwd,
-        *env,
-        "-P",
-        "-F",
-        "#{pane_id}",
-        _vfrl("watch", str(run.root), "--pane"),
-    ).stdout.strip()
-    server = _tmux(
-        "split-window",
-        "-h",
-        "-b",
-        "-t",
-        pane,
-        "-c",
-        cwd,
-        *env,
-        "-P",
-        "-F",
-        "#{pane_id}",
-        _vfrl("watch", str(run.root), "--log", "server", "--pane"),
-    ).stdout.strip()
+    def split(*how: str, command: str) -> str:
+        """A new pane beside `pane` (placed by `how`) running `command`; its pane id."""
+        return _tmux("split-window", *how, "-t", pane, "-c", cwd, *env, "-P", "-F", "#{pane_id}",
+                     command).stdout.strip()
+
+    metrics = split("-v", "-l", "35%", command=_vfrl("watch", str(run.root), "--pane"))
+    server = split("-h", "-b", command=_vfrl("watch", str(run.root), "--log", "server", "--pane"))
     _tmux("set-option", "-t", name, "pane-border-status", "top", check=False)
     _tmux("set-option", "-t", name, "mouse", "on", check=False)
     for target, title in ((pane, "trainer"), (metrics, "metrics"), (server, "server")):
