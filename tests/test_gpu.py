@@ -62,8 +62,8 @@ def test_embedded_server_on_gpu_serves_logprobs_of_the_model(tiny_model_path: Pa
 
     from vfkit.serve.launcher import start_server
 
-    with start_server(str(tiny_model_path), extra_args=["--device", "cuda", "--dtype",
-                                                        "float32"]) as server:
+    with start_server(str(tiny_model_path), dtype="float32",
+                      extra_args=["--device", "cuda"]) as server:
         client = OpenAI(base_url=server.base_url, api_key="x")
         out = client.completions.create(model=str(tiny_model_path), prompt="abc", max_tokens=4,
                                         temperature=1.0, logprobs=1, seed=0,
