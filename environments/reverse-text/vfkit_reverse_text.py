@@ -105,7 +105,14 @@ def load_environment(
         response = answer_text(parser, completion, strict_format)
         return reversal_score(response, answer) if response else 0.0
 
-    rubric = vf.Rubric(funcs=[reversal_reward, parser.get_format_reward_func()],
+    tags_reward = parser.get_format_reward_func()
+
+    def format_reward_func(completion, answer: str) -> float:
+        """The tags' format credit, only around an answer that earns reversal credit: empty
+        tags or an echo in perfect tags earn nothing (the cheapest signal to game otherwise)."""
+        return tags_reward(completion=completion) if reversal_reward(completion, answer) else 0.0
+
+    rubric = vf.Rubric(funcs=[reversal_reward, format_reward_func],
                        weights=[1.0, format_weight], parser=parser)
     return vf.SingleTurnEnv(dataset=make_rows(train_texts), eval_dataset=make_rows(eval_texts),
                             system_prompt=system_prompt, parser=parser, rubric=rubric,

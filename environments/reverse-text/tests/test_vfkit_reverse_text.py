@@ -104,10 +104,12 @@ async def test_partly_wrong_answer_gets_partial_credit() -> None:
     assert state["reward"] == pytest.approx(31 / 64 + 0.2)
 
 
-async def test_echoed_answer_scores_zero() -> None:
-    state = await _score("<answer>ocean onion</answer>")  # not reversed
+@pytest.mark.parametrize("reply", ["<answer>ocean onion</answer>", "<answer></answer>"])
+async def test_echoed_or_empty_answer_scores_zero_even_in_perfect_tags(reply: str) -> None:
+    state = await _score(reply)  # the input not reversed, or nothing at all
     assert state["metrics"]["reversal_reward"] == 0.0
-    assert state["metrics"]["format_reward_func"] == 1.0
+    assert state["metrics"]["format_reward_func"] == 0.0  # no format credit for a gamed answer
+    assert state["reward"] == 0.0
 
 
 async def test_untagged_reply_is_compared_whole_but_gets_no_format_reward() -> None:
@@ -122,7 +124,7 @@ async def test_malformed_answers_get_no_reversal_reward_in_strict_mode(reply: st
     state = await _score(reply, strict_format=True)
     assert state["error"] is None
     assert state["metrics"]["reversal_reward"] == 0.0
-    assert state["reward"] <= 0.2  # at most the format reward (an empty <answer></answer>)
+    assert state["reward"] == 0.0  # and no format credit without reversal credit
 
 
 async def test_a_perfect_model_scores_full_reward_on_a_batch() -> None:
