@@ -53,6 +53,19 @@ def read_rows(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
 
 
+def start_until_rows(argv: list[str], cwd: Path, out: Path, rows: int = 4,
+                     stdout: int | None = subprocess.DEVNULL) -> subprocess.Popen:
+    """Start vf-eval and return once a run under `out` has written `rows` results."""
+    proc = subprocess.Popen(argv, cwd=cwd, env=cli_env(), stdout=stdout,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not any(len(read_rows(d)) >= rows for d in run_dirs(out)):
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        assert time.monotonic() < deadline, "no rows written"
+        time.sleep(0.05)
+    return proc
+
+
 @pytest.fixture
 def server():
     with TestServer(echo_responder) as srv:
@@ -189,13 +202,7 @@ def test_resume_after_a_kill_loses_and_duplicates_nothing(tmp_path):
         srv.delay_next(0.3, n=100)  # a slow model, so the kill lands mid-run
         argv = [sys.executable, "-m", "vfkit.cli.eval", "eval-echo", "-b", srv.base_url,
                 "-m", "test-model", "-n", "6", "-r", "2", "-c", "1", "-o", str(out)]  # fmt: skip
-        proc = subprocess.Popen(argv, cwd=tmp_path, env=cli_env(), stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True)  # fmt: skip
-        deadline = time.monotonic() + 120
-        while not any(len(read_rows(d)) >= 4 for d in run_dirs(out)):
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-            assert time.monotonic() < deadline, "no rows written"
-            time.sleep(0.05)
+        proc = start_until_rows(argv, tmp_path, out)
         proc.kill()  # SIGKILL: no chance to clean up
         proc.wait()
         (run_dir,) = run_dirs(out)

@@ -11,7 +11,14 @@ import sys
 import time
 
 import pytest
-from test_eval_cli import cli_env, echo_responder, read_rows, run_dirs, vf_eval
+from test_eval_cli import (
+    cli_env,
+    echo_responder,
+    read_rows,
+    run_dirs,
+    start_until_rows,
+    vf_eval,
+)
 
 from vfkit.evaluation.failures import FailureTally, infrastructure_error
 from vfkit.testing.scripted_server import TestServer
@@ -64,13 +71,7 @@ def test_server_killed_mid_run_saves_no_error_rows_and_resume_runs_exactly_the_r
         argv = [sys.executable, "-m", "vfkit.cli.eval", "eval-echo", "-b", srv.base_url,
                 "-m", "test-model", "-n", "6", "-r", "2", "-c", "1", "-o", str(out),
                 "--max-retries", "0", "--timeout", "10"]  # fmt: skip
-        proc = subprocess.Popen(argv, cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)  # fmt: skip
-        deadline = time.monotonic() + 120
-        while not any(len(read_rows(d)) >= 4 for d in run_dirs(out)):
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-            assert time.monotonic() < deadline, "no rows written"
-            time.sleep(0.05)
+        proc = start_until_rows(argv, tmp_path, out, stdout=subprocess.PIPE)
     # the server is gone (its port closed); vf-eval must notice and say so, not score zeros
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 1, stderr
