@@ -1,10 +1,11 @@
 """Continuous batching: one worker thread decodes every running sequence together.
 
 Each loop iteration: run pending adapter operations, admit waiting sequences (prefill them as a
-left-padded group and write them into free slots of the running batch, see batch.py), decode
-one token for every row, retire finished rows. A request arriving mid-generation therefore
-joins at the next step instead of waiting for the whole batch. The waiting queue is bounded
-(429 beyond it); whatever ends the worker, every pending request gets an answer.
+left-padded group, or a prompt with images alone with its vision inputs, see vision.py; then
+write them into free slots of the running batch, see batch.py), decode one token for every
+row (text and image prompts alike), retire finished rows. A request arriving mid-generation
+therefore joins at the next step instead of waiting for the whole batch. The waiting queue is
+bounded (429 beyond it); whatever ends the worker, every pending request gets an answer.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class Engine:
     ) -> None:
         self.lora = lora
         self.processor = processor  # an image-text-to-text model's processor (None: text-only)
-        self.vision = VisionPrefill(lora.model) if processor is not None else None
+        self.vision = VisionPrefill(lora.model)  # used by prompts that carry images
         self.model_path = model_path
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
