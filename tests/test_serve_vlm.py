@@ -124,6 +124,20 @@ def test_image_prompt_logprobs_equal_the_models_forward_and_depend_on_the_image(
     assert (under_blue - torch.tensor(red_logprobs)).abs().max() > 1e-3
 
 
+def test_n_samples_of_an_image_prompt(client, hf):
+    messages = [user("Describe", image_part(picture(BLUE)))]
+    response = client.chat.completions.create(
+        model="vlm", messages=messages, max_tokens=5, logprobs=True, temperature=1.0, seed=3, n=3,
+        extra_body={"return_token_ids": True},
+    ).model_dump()  # fmt: skip
+    paths = {tuple(c["token_ids"]) for c in response["choices"]}
+    assert len(paths) > 1  # sampled independently
+    for choice in response["choices"]:
+        _, want = hf_logprobs(hf, messages, [picture(BLUE)], choice["token_ids"])
+        got = torch.tensor([t["logprob"] for t in choice["logprobs"]["content"]])
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+
+
 def test_several_images_and_an_image_in_a_tool_result(client, hf):
     tools = [{"type": "function", "function": {
         "name": "zoom", "description": "Zoom in.",

@@ -111,23 +111,26 @@ def test_mrope_prefill_and_decode_match_full_forward(qwen2_vl):
     engine.start()
     try:
         params = SamplingParams(max_tokens=6, temperature=1.0, ignore_eos=True, logprobs=5, seed=3)
+        shared = VisionInputs(vision, 1)  # a request with n=2: two rows prefilled together
         seqs = [
-            Sequence(image_prompt, params, vision=VisionInputs(vision, 1),
-                     generator=engine.generator(3, 0)),
-            Sequence(text_prompt, params, generator=engine.generator(3, 1)),
-        ]  # fmt: skip
+            Sequence(image_prompt, params, vision=shared, generator=engine.generator(3, 0)),
+            Sequence(image_prompt, params, vision=shared, generator=engine.generator(3, 1)),
+            Sequence(text_prompt, params, generator=engine.generator(3, 2)),
+        ]
         run(engine, seqs)
     finally:
         engine.stop()
-    image_seq, text_seq = seqs
+    assert (engine.stats.prefills, engine.stats.admitted) == (2, 3)  # image pair, then text
+    *image_seqs, text_seq = seqs
+    assert image_seqs[0].output_ids != image_seqs[1].output_ids  # two samples, two paths
     # image rows take max(h, w) / 2 = 4 positions for 16 tokens: decode continues 12 lower
-    ref = reference_logprobs(model, image_prompt, image_seq.output_ids, vision, pad)
-    got = torch.tensor(image_seq.logprobs)
-    want = ref.gather(1, torch.tensor(image_seq.output_ids)[:, None])[:, 0]
-    torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
-    for step, top in enumerate(image_seq.top_logprobs):  # the whole distribution, not one token
-        for token, logprob in top:
-            assert abs(logprob - float(ref[step, token])) < 1e-4
+    for image_seq in image_seqs:
+        ref = reference_logprobs(model, image_prompt, image_seq.output_ids, vision, pad)
+        want = ref.gather(1, torch.tensor(image_seq.output_ids)[:, None])[:, 0]
+        torch.testing.assert_close(torch.tensor(image_seq.logprobs), want, atol=1e-4, rtol=0)
+        for step, top in enumerate(image_seq.top_logprobs):  # the whole distribution
+            for token, logprob in top:
+                assert abs(logprob - float(ref[step, token])) < 1e-4
     ref_text = reference_logprobs(model, text_prompt, text_seq.output_ids)
     want_text = ref_text.gather(1, torch.tensor(text_seq.output_ids)[:, None])[:, 0]
     torch.testing.assert_close(torch.tensor(text_seq.logprobs), want_text, atol=1e-4, rtol=0)
