@@ -97,7 +97,8 @@ def hf_logprobs(hf, messages, images, completion, model=None, tools=None):
     inputs = processor(text=[text], images=images, return_tensors="pt", add_special_tokens=False)
     prompt = inputs["input_ids"][0].tolist()
     ids = torch.tensor([prompt + completion])
-    logits = (model or base)(input_ids=ids, pixel_values=inputs["pixel_values"]).logits[0]
+    pixels = {"pixel_values": inputs["pixel_values"]} if images else {}
+    logits = (model or base)(input_ids=ids, **pixels).logits[0]
     logprobs = torch.log_softmax(logits[len(prompt) - 1 : -1].float(), -1)
     return prompt, logprobs.gather(1, torch.tensor(completion)[:, None])[:, 0]
 
@@ -136,6 +137,32 @@ def test_n_samples_of_an_image_prompt(client, hf):
         _, want = hf_logprobs(hf, messages, [picture(BLUE)], choice["token_ids"])
         got = torch.tensor([t["logprob"] for t in choice["logprobs"]["content"]])
         torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+
+
+async def test_image_and_text_requests_served_together(server, hf):
+    """Concurrent image and text prompts share decode steps; each still matches the model."""
+    import asyncio
+
+    client = openai.AsyncOpenAI(base_url=server.base_url, api_key="x", max_retries=0)
+    conversations = [
+        ([user("First", image_part(picture(RED)))], [picture(RED)]),
+        ([user("hello there, a longer text-only prompt")], None),
+        ([user("Second", image_part(picture(BLUE, size=50)))], [picture(BLUE, size=50)]),
+        ([user("short")], None),
+    ]
+
+    async def one(messages):
+        response = await client.chat.completions.create(
+            model="vlm", messages=messages, max_tokens=8, logprobs=True, temperature=1.0,
+            seed=11, extra_body={"return_token_ids": True},
+        )  # fmt: skip
+        choice = response.model_dump()["choices"][0]
+        return choice["token_ids"], [t["logprob"] for t in choice["logprobs"]["content"]]
+
+    results = await asyncio.gather(*(one(m) for m, _ in conversations))
+    for (messages, images), (completion, logprobs) in zip(conversations, results, strict=True):
+        _, want = hf_logprobs(hf, messages, images, completion)
+        torch.testing.assert_close(torch.tensor(logprobs), want, atol=1e-4, rtol=0)
 
 
 def test_several_images_and_an_image_in_a_tool_result(client, hf):
