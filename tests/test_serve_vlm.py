@@ -238,6 +238,7 @@ def test_bad_image_parts_are_400s_naming_the_part(client, media):
         ([user("x", bad_image(f"file://{media[1]}/red.png"))], "outside the allowed"),
         ([user("x", bad_image("https://example.com/cat.png"))], "not fetched"),
         ([user("x", {"type": "image_url", "image_url": {}})], "image_url"),
+        ([user("x", image_part(Image.new("1", (14000, 13000))))], "exceeds limit"),  # 22 kB PNG
     ]
     for messages, words in cases:
         assert_400(client, messages, "messages[0].content[1]", words)
@@ -264,6 +265,19 @@ def test_image_sent_to_a_text_model_is_a_400(tiny_model_path):
             model=str(tiny_model_path), messages=[user("hi", "there")], max_tokens=2
         )
         assert reply.choices[0].finish_reason == "length"
+
+
+async def test_scripted_test_server_takes_image_prompts():
+    """TestServer (the app over a scripted engine) has no model: image parts are ignored, not a
+    400, so environment tests can script replies to image prompts."""
+    from vfkit.testing.scripted_server import TestServer
+
+    with TestServer(["red"]) as srv:
+        reply = await srv.client(max_retries=0).chat.completions.create(
+            model="m", messages=[user("Colour?", image_part(picture(RED)))]
+        )
+        assert reply.choices[0].message.content == "red"
+        assert srv.requests[0]["messages"][0]["content"][1]["type"] == "image_url"
 
 
 def make_language_adapter(vlm_path, out, seed, targets):

@@ -54,11 +54,13 @@ def request_images(messages: list[dict[str, Any]], policy: MediaPolicy) -> list[
             "the server with a larger --limit-mm-per-prompt '{\"image\": N}'.",
             param=f"messages[{i}].content[{j}]",
         )
+    from PIL.Image import DecompressionBombError
+
     images = []
     for i, j, url in parts:
         try:
             images.append(load_image(url, allowed_local_dirs=policy.allowed_local_dirs))
-        except ImageError as exc:
+        except (ImageError, DecompressionBombError) as exc:  # the latter: > 178M pixels
             raise APIError(
                 400, f"messages[{i}].content[{j}]: {exc}", param=f"messages[{i}].content[{j}]"
             ) from exc
