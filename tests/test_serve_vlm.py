@@ -280,6 +280,25 @@ async def test_scripted_test_server_takes_image_prompts():
         assert srv.requests[0]["messages"][0]["content"][1]["type"] == "image_url"
 
 
+@pytest.mark.parametrize("keep", [(), ("tokenizer.json", "tokenizer_config.json")])
+def test_an_image_model_without_its_processor_is_an_error_naming_the_folder(
+    vlm_path, tmp_path, capsys, keep
+):
+    """Weights alone (or with a tokenizer but no image processor) cannot serve images."""
+    import shutil
+
+    from vfkit.cli.serve import main
+
+    folder = tmp_path / "vlm-without-processor"
+    folder.mkdir()
+    for name in ("config.json", "generation_config.json", "model.safetensors", *keep):
+        shutil.copy(vlm_path / name, folder / name)
+    assert main([str(folder), "--device", "cpu", "--threads", "1"]) == 1
+    err = capsys.readouterr().err
+    assert f"vf-serve: error: {folder} holds an image-text-to-text model but no usable processor" \
+        in err  # fmt: skip
+
+
 def make_language_adapter(vlm_path, out, seed, targets):
     """A random (non-zero) LoRA adapter saved by PEFT from the image model, as the trainer does."""
     from peft import LoraConfig, get_peft_model
