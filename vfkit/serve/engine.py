@@ -266,6 +266,8 @@ class Engine:
         cache = BatchCache()
         start = time.perf_counter()
         logits = self._forward([s.adapter for s in new], ids, mask, positions, cache, **vision)
+        for seq in new:
+            seq.vision = None  # in the KV cache now: the pixels need not live while it decodes
         self.stats.prefill_s += time.perf_counter() - start
         self.stats.prefill_tokens += int(mask.sum())
         self.stats.prefills += 1
