@@ -238,6 +238,7 @@ def test_bad_image_parts_are_400s_naming_the_part(client, media):
         ([user("x", bad_image(f"file://{media[1]}/red.png"))], "outside the allowed"),
         ([user("x", bad_image("https://example.com/cat.png"))], "not fetched"),
         ([user("x", {"type": "image_url", "image_url": {}})], "image_url"),
+        ([user("x", {"type": "text", "text": ["not", "a", "string"]})], "must be a string"),
         ([user("x", image_part(Image.new("1", (14000, 13000))))], "exceeds limit"),  # 22 kB PNG
     ]
     for messages, words in cases:
