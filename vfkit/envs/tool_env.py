@@ -11,6 +11,10 @@
 
     env = vf.ToolEnv(tools=[add], dataset=rows, rubric=rubric, max_turns=5)
 
+A tool may return an image: a PIL image (or a list of content parts, PIL images allowed among
+them) becomes the tool message's content parts, so the model sees the picture in its next turn
+(`vfkit.envs.content.tool_content`); text tools are unchanged.
+
 Every way a call can go wrong — arguments that are not JSON, JSON encoded twice, an unknown
 tool, a missing argument, a tool that raises — becomes a tool message the model sees
 ("Error: ..."), and the rollout goes on: the model gets to recover, as it would in production.
@@ -24,6 +28,7 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from vfkit.envs.content import tool_content
 from vfkit.envs.multiturn_env import MultiTurnEnv, stop
 from vfkit.envs.tool_schema import function_to_tool_schema
 from vfkit.errors import ConfigError
@@ -57,14 +62,10 @@ def parse_tool_arguments(raw: Any) -> dict[str, Any]:
     return value
 
 
-def format_result(result: Any) -> str:
-    """Tool results become message text: strings as is, JSON for data, str() otherwise."""
-    if isinstance(result, str):
-        return result
-    try:
-        return json.dumps(result)
-    except (TypeError, ValueError):
-        return str(result)
+def format_result(result: Any) -> str | list[dict[str, Any]]:
+    """Tool results become message content: strings as is, images as image parts, JSON for data,
+    str() otherwise (see `tool_content`)."""
+    return tool_content(result)
 
 
 class ToolEnv(MultiTurnEnv):
