@@ -89,6 +89,23 @@ async def test_a_tool_image_reaches_the_model_in_the_next_turn() -> None:
         assert len(tokens["completion_logprobs"]) == len(tokens["completion_ids"])
 
 
+async def test_tool_images_can_go_to_a_user_message_for_openai() -> None:
+    env = vf.ToolEnv(tools=[look], dataset=[{"question": "q", "answer": "red"}], max_turns=3,
+                     tool_images="user")  # the OpenAI API takes images only from users
+    script = [Reply(tool_calls=[{"name": "look", "arguments": {"colour": "red"}}]), "red"]
+    with TestServer(script) as server:
+        state = await env.run_rollout(env.get_dataset()[0], server.client(), "m")
+    assert state["error"] is None and state["turn"] == 2
+    tool_msg, user_msg = server.requests[1]["messages"][-2:]
+    assert tool_msg["role"] == "tool" and tool_msg["content"] == (
+        "[1 image(s) in the next user message]")
+    assert user_msg["role"] == "user" and user_msg["content"][0]["type"] == "text"
+    (url,) = message_image_urls([user_msg])
+    assert load_image(url).getpixel((0, 0)) == (255, 0, 0)
+    with pytest.raises(ConfigError, match="tool_images must be 'tool'"):
+        vf.ToolEnv(tools=[look], tool_images="system")
+
+
 async def test_parsers_and_rubrics_see_multimodal_messages_as_they_are() -> None:
     seen = {}
 

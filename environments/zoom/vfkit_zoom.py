@@ -189,6 +189,7 @@ def load_environment(
     curiosity_threshold: float = 0.3,
     overuse_weight: float = 0.0,
     max_free_zooms: int = 1,
+    tool_images: str = "tool",
     system_prompt: str = SYSTEM_PROMPT,
 ) -> vf.Environment:
     """Build the environment; see the module doc for the arguments' meaning."""
@@ -219,7 +220,8 @@ def load_environment(
     ])
     return ZoomEnv(scenes, dataset=train_rows, eval_dataset=eval_rows, max_turns=max_turns,
                    system_prompt=system_prompt, parser=parser, rubric=rubric,
-                   sampling_args={"max_tokens": max_tokens}, env_id="zoom")
+                   tool_images=tool_images, sampling_args={"max_tokens": max_tokens},
+                   env_id="zoom")
 
 
 # verifiers v1 / prime-rl: `vf.load_taskset("vfkit-zoom")` (needs vfkit[verifiers])

@@ -101,3 +101,27 @@ def drop_none_keys(part: Any) -> Any:
     if not isinstance(part, dict):
         return part
     return {k: drop_none_keys(v) for k, v in part.items() if v is not None}
+
+
+def move_images_to_user(tool_messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Tool messages with text content only, then one user message with their images (if any).
+
+    For servers that accept images only from users (the OpenAI API); each tool message says
+    where its images went, so the model can tell which image answered which call.
+    """
+    out, images = [], []
+    for message in tool_messages:
+        content = message.get("content")
+        if not isinstance(content, list):
+            out.append(message)
+            continue
+        own = [part for part in content if part.get("type") in IMAGE_PART_TYPES]
+        text = "".join(part.get("text", "") for part in content if part.get("type") == "text")
+        if own:
+            text += f" [{len(own)} image(s) in the next user message]"
+        out.append({**message, "content": text.strip()})
+        images.extend(own)
+    if images:
+        out.append({"role": "user", "content": [text_part("Images from the tool calls:"),
+                                                *images]})
+    return out

@@ -13,7 +13,9 @@
 
 A tool may return an image: a PIL image (or a list of content parts, PIL images allowed among
 them) becomes the tool message's content parts, so the model sees the picture in its next turn
-(`vfkit.envs.content.tool_content`); text tools are unchanged.
+(`vfkit.envs.content.tool_content`); text tools are unchanged. vLLM and vf-serve take images in
+tool messages; the OpenAI API takes them only from users: `tool_images="user"` keeps each tool
+message text and shows the turn's images in one user message after them.
 
 Every way a call can go wrong — arguments that are not JSON, JSON encoded twice, an unknown
 tool, a missing argument, a tool that raises — becomes a tool message the model sees
@@ -28,7 +30,7 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from vfkit.envs.content import tool_content
+from vfkit.envs.content import move_images_to_user, tool_content
 from vfkit.envs.multiturn_env import MultiTurnEnv, stop
 from vfkit.envs.tool_schema import function_to_tool_schema
 from vfkit.errors import ConfigError
@@ -73,11 +75,15 @@ class ToolEnv(MultiTurnEnv):
 
     def __init__(
         self, tools: Iterable[Callable[..., Any]] | None = None, max_turns: int = 10,
-        **kwargs: Any,
+        tool_images: str = "tool", **kwargs: Any,
     ) -> None:
         super().__init__(max_turns=max_turns, **kwargs)
         if self.message_type != "chat":
             raise ConfigError("ToolEnv needs message_type='chat' (tool calls are chat messages)")
+        if tool_images not in ("tool", "user"):
+            raise ConfigError(f"tool_images must be 'tool' (images in the tool message) or "
+                              f"'user' (in a user message after it), not {tool_images!r}")
+        self.tool_images = tool_images
         self.tools: dict[str, Callable[..., Any]] = {}
         self.oai_tools: list[dict[str, Any]] = []
         for tool in tools or []:
@@ -107,7 +113,8 @@ class ToolEnv(MultiTurnEnv):
     async def env_response(self, messages: Messages, state: State) -> list[Message]:
         """One tool message per tool call in the model's last message."""
         calls = messages[-1].get("tool_calls") or []
-        return [await self.run_tool_call(call, messages, state) for call in calls]
+        replies = [await self.run_tool_call(call, messages, state) for call in calls]
+        return move_images_to_user(replies) if self.tool_images == "user" else replies
 
     async def run_tool_call(
         self, call: dict[str, Any], messages: Messages, state: State
