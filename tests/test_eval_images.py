@@ -42,6 +42,7 @@ def eval_run(env_id: str, base_url: str, out: Path) -> tuple[Path, list[dict[str
     proc = run_cli("vfkit.cli.eval", env_id, "-m", "test-model", "-b", base_url, "-a", SMALL,
                    "-n", "3", "-r", "2", "-t", "400", "-o", str(out), cwd=out.parent)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "[image]" in proc.stdout and "base64" not in proc.stdout  # the sample panel
     (meta,) = out.glob("*/*/metadata.json")
     lines = (meta.parent / "results.jsonl").read_text().splitlines()
     return meta.parent, [json.loads(line) for line in lines]
