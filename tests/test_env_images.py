@@ -127,3 +127,17 @@ async def test_parsers_and_rubrics_see_multimodal_messages_as_they_are() -> None
     reply = [{"role": "assistant", "content": [image_part(red()),
                                                {"type": "text", "text": "<answer>red</answer>"}]}]
     assert parser.parse_answer(reply) == "red" and parser.get_format_reward_func()(reply) == 1.0
+
+
+async def test_an_env_group_mixes_image_and_text_environments() -> None:
+    """Arrow holds one type per column: the text env's prompts become text parts in the group."""
+    seeing = vf.SingleTurnEnv(dataset=[{"question": "colour?", "answer": "red", "image": red()}])
+    reading = vf.SingleTurnEnv(dataset=[{"question": "say red", "answer": "red"}])
+    group = vf.EnvGroup([seeing, reading], env_names=["seeing", "reading"])
+    rows = group.get_dataset()
+    assert [r["task"] for r in rows] == ["seeing", "reading"]
+    with TestServer("red") as server:
+        states = [await group.run_rollout(r, server.client(), "m") for r in rows]
+    assert [s["error"] for s in states] == [None, None]
+    assert len(message_image_urls(server.requests[0]["messages"])) == 1
+    assert server.requests[1]["messages"][-1]["content"] == [{"type": "text", "text": "say red"}]

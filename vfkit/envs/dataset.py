@@ -67,6 +67,19 @@ def row_image_parts(row: dict[str, Any]) -> list[dict[str, Any]] | None:
     return [part for column in IMAGE_COLUMNS for part in image_parts(row.get(column))]
 
 
+def unify_content(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows whose chat prompts all use part-list content once any of them does (an Arrow column
+    holds one type: an image environment's rows beside a text environment's, as in EnvGroup)."""
+    chats = [r["prompt"] for r in rows if isinstance(r.get("prompt"), list)]
+    if not any(isinstance(m.get("content"), list) for chat in chats for m in chat):
+        return rows
+    return [
+        {**r, "prompt": [{**m, "content": as_parts(m.get("content"))} for m in r["prompt"]]}
+        if isinstance(r.get("prompt"), list) else r
+        for r in rows
+    ]
+
+
 def clean_messages(messages: Messages) -> Messages:
     """Deep-copy messages and drop None-valued keys (Arrow fills absent struct fields with None)."""
     if isinstance(messages, str):
