@@ -3,6 +3,9 @@ over multimodal messages, all through the scripted server (real HTTP, real opena
 
 from __future__ import annotations
 
+import io
+
+import datasets
 import pytest
 from PIL import Image
 
@@ -32,6 +35,20 @@ def test_an_image_column_becomes_image_parts_before_the_question() -> None:
     assert load_image(message_image_urls(ds[0]["prompt"])[0]).getpixel((0, 0)) == (255, 0, 0)
     assert len(message_image_urls(ds[1]["prompt"])) == 2
     assert ds[2]["prompt"][1]["content"] == [{"type": "text", "text": "none?"}]
+
+
+@pytest.mark.parametrize("decode", [True, False])
+def test_a_datasets_image_column_decoded_or_not(decode: bool) -> None:
+    buf = io.BytesIO()
+    Image.new("RGB", (4, 4), (0, 255, 0)).save(buf, format="PNG")
+    features = datasets.Features({"question": datasets.Value("string"),
+                                  "image": datasets.Image(decode=decode)})  # fmt: skip
+    ds = datasets.Dataset.from_dict(
+        {"question": ["colour?"], "image": [{"bytes": buf.getvalue(), "path": None}]},
+        features=features)
+    env = vf.SingleTurnEnv(dataset=ds)
+    (url,) = message_image_urls(env.get_dataset()[0]["prompt"])
+    assert load_image(url).getpixel((0, 0)) == (0, 255, 0)
 
 
 def test_rows_with_a_prompt_keep_it_and_completion_mode_refuses_images() -> None:
