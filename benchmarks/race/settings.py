@@ -63,15 +63,19 @@ class Leg:
         return cls(**json.loads(Path(path).read_text()))
 
 
+# reverse-text with 1-2 words (the issue's race); arithmetic at its default difficulty
+RACE_ENV_ARGS: dict[str, dict[str, Any]] = {"reverse-text": {"max_words": 2}, "arithmetic": {}}
+
+
 def run_config(leg: Leg) -> RunConfig:
     """The vf-train config of this leg: the race config, then the race's overrides.
 
-    The env's args are kept only when the race config names the same env (exp.toml's
-    `max_words = 2` belongs to reverse-text). In-loop evals and periodic checkpoints are off:
-    the race scores snapshots afterwards, and neither side should pay for extra work.
+    The env's args are the race's own (`RACE_ENV_ARGS`, the issue's settings), not the
+    config's: its env may be another one, and its eval-set size is not the race's. In-loop
+    evals and periodic checkpoints are off: the race scores snapshots afterwards, and neither
+    side should pay for extra work.
     """
-    base = load_config(leg.config)
-    env_args = base.env.args if base.env.id == leg.env_id else {}
+    env_args = RACE_ENV_ARGS.get(leg.env_id, {})
     race = [
         f"model={json.dumps(leg.model)}",
         f"env.id={json.dumps(leg.env_id)}",

@@ -65,7 +65,7 @@ def test_trl_samples_with_the_sampling_args_vfkit_resolved(tmp_path: Path) -> No
 
 
 def test_env_args_follow_the_env(tmp_path: Path) -> None:
-    assert run_config(leg(tmp_path)).env.args == {"max_words": 2}  # exp.toml's reverse-text
+    assert run_config(leg(tmp_path)).env.args == {"max_words": 2}  # the race's reverse-text
     other = run_config(leg(tmp_path, "arithmetic", overrides=["trainer.args.max_tokens=32"]))
     assert other.env.args == {} and other.trainer.args.max_tokens == 32
 

@@ -5,9 +5,10 @@ Any reasoning-gym generator works (`generator=`, difficulty as keyword arguments
 time. Reward: `correct_answer` = the generator's own `score_answer` on the parsed answer (1.0
 exact; reasoning-gym gives partial credit when the right number is inside a longer answer), plus
 a format reward (weight 0.2) for one well-formed `<answer>` block. Without tags the last number
-of the reply is taken (`strict_format=True`: no answer). Train and eval items come from
-different seed ranges; at the default difficulty there are only a few hundred distinct problems,
-so the two sets share questions (raise the difficulty for a clean hold-out).
+of the reply is taken (`strict_format=True`: no answer). The format credit is paid only with
+a correct answer, so empty tags or a wrong number earn nothing. Train and eval items come from
+different seed ranges, and training items whose question is also an eval question are dropped
+(`held_out=False` keeps them): at the default difficulty there are only ~200 distinct problems.
 
     env = vf.load_environment("arithmetic", max_terms=3, operators=["+", "-", "*"])
 """
@@ -63,9 +64,14 @@ def load_environment(
     strict_format: bool = False,
     max_tokens: int = 64,
     system_prompt: str = SYSTEM_PROMPT,
+    held_out: bool = True,
     **difficulty: Any,
 ) -> vf.Environment:
-    """Build the environment from reasoning-gym's `generator` with `difficulty` overrides."""
+    """Build the environment from reasoning-gym's `generator` with `difficulty` overrides.
+
+    `held_out`: drop training items whose question is in the eval set, so the eval reward
+    measures problems never trained on (at the default difficulty this leaves fewer rows).
+    """
     args = {**DIFFICULTY.get(generator, {}), **difficulty}
     gyms = {
         "train": reasoning_gym.create_dataset(generator, size=num_train_examples, seed=seed,
@@ -83,10 +89,26 @@ def load_environment(
         return float(gym.score_answer(response.strip() if response else None,
                                       gym[info["index"]]))
 
-    rubric = vf.Rubric(funcs=[correct_answer, parser.get_format_reward_func()],
+    tags_reward = parser.get_format_reward_func()
+
+    def format_reward_func(completion, info: dict) -> float:
+        """The tags' format credit, only around an answer that earns credit: empty tags or a
+        wrong number in perfect tags earn nothing (the cheapest signal to game otherwise)."""
+        return tags_reward(completion=completion) if correct_answer(completion, info) else 0.0
+
+    rubric = vf.Rubric(funcs=[correct_answer, format_reward_func],
                        weights=[1.0, format_weight], parser=parser)
+    eval_rows = make_rows(gyms["eval"], "eval")
+    eval_questions = {row["question"] for row in eval_rows} if held_out else set()
+    train_rows = [r for r in make_rows(gyms["train"], "train")
+                  if r["question"] not in eval_questions]
+    if not train_rows:
+        raise ValueError(
+            "arithmetic: every training question is also an eval question; raise the difficulty,"
+            " lower num_eval_examples, or pass held_out=False"
+        )
     return vf.SingleTurnEnv(
-        dataset=make_rows(gyms["train"], "train"), eval_dataset=make_rows(gyms["eval"], "eval"),
+        dataset=train_rows, eval_dataset=eval_rows,
         system_prompt=system_prompt, parser=parser, rubric=rubric,
         sampling_args={"max_tokens": max_tokens}, env_id="arithmetic",
     )

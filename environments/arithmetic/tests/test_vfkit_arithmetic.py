@@ -52,10 +52,22 @@ async def test_right_answer() -> None:
     assert state["reward"] == pytest.approx(1.2)  # correct 1.0 + format 1.0 * 0.2
 
 
-async def test_wrong_answer() -> None:
-    state = await _score("<answer>5</answer>")
+@pytest.mark.parametrize("reply", ["<answer>5</answer>", "<answer></answer>"])
+async def test_tags_around_a_wrong_or_empty_answer_earn_nothing(reply: str) -> None:
+    state = await _score(reply)
     assert state["metrics"]["correct_answer"] == 0.0
-    assert state["reward"] == pytest.approx(0.2)
+    assert state["reward"] == 0.0  # no format credit without a right answer (was 0.2)
+
+
+def test_eval_questions_are_never_trained_on() -> None:
+    env = vf.load_environment("arithmetic", num_train_examples=400, num_eval_examples=40)
+    train, held = set(env.get_dataset()["question"]), set(env.get_eval_dataset()["question"])
+    assert train and not train & held
+    overlapping = vf.load_environment("arithmetic", num_train_examples=400,
+                                      num_eval_examples=40, held_out=False)
+    assert set(overlapping.get_dataset()["question"]) & held  # ~200 problems: they do overlap
+    with pytest.raises(ValueError, match="held_out=False"):
+        vf.load_environment("arithmetic", num_train_examples=5, num_eval_examples=3000)
 
 
 async def test_reasoning_gym_partial_credit_is_kept() -> None:
