@@ -1,7 +1,7 @@
 """The model side of training: LoRA policy, AdamW, LR schedule, on plain Accelerate.
 
     learner = Learner(cfg, run)
-    metrics = learner.update(samples)           # one optimizer step
+    metrics = learner.update(samples)           # one optimizer step (text or image samples)
     adapter_dir = learner.save_adapter(version)  # adapters/step_<version>
 """
 
@@ -26,6 +26,7 @@ from vfkit.train.policy import load_policy, probe_logprobs, resolve_model_dir, s
 from vfkit.train.rundir import RunDir
 from vfkit.train.samples import Sample
 from vfkit.train.update import policy_update
+from vfkit.train.vision import ImageInputs, allowed_media_dirs, is_image_processor, text_tokenizer
 
 
 class Learner:
@@ -40,7 +41,11 @@ class Learner:
         split = cpu_threads(cfg)
         if split and "OMP_NUM_THREADS" not in os.environ:
             torch.set_num_threads(split[1])  # the other cores serve rollouts
-        model, self.tokenizer = load_policy(resolve_model_dir(cfg.model), args)
+        model, self.processor = load_policy(resolve_model_dir(cfg.model), args)
+        self.tokenizer = text_tokenizer(self.processor)
+        # a vision-language policy: turns the samples' image URLs into the model's inputs
+        self.images = (ImageInputs(self.processor, allowed_media_dirs(cfg))
+                       if is_image_processor(self.processor) else None)
         trainable = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(
             trainable, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2),
@@ -74,7 +79,7 @@ class Learner:
     def _update(self, samples: list[Sample]) -> dict[str, float]:
         return policy_update(
             self.model, self.optimizer, self.scheduler, self.accelerator, samples,
-            self.args, self.pad_id, self.autocast,
+            self.args, self.pad_id, self.autocast, self.images,
         )
 
     def _share(self, samples: list[Sample] | None) -> list[Sample] | None:
