@@ -14,7 +14,13 @@ import threading
 import time
 
 from vfkit.errors import VfkitError
-from vfkit.serve.config import DTYPES, LOG_LEVELS, ServeConfig
+from vfkit.serve.config import (
+    DEFAULT_IMAGES_PER_PROMPT,
+    DTYPES,
+    LOG_LEVELS,
+    ServeConfig,
+    parse_mm_limits,
+)
 from vfkit.serve.limits import DEFAULT_MAX_REQUEST_BYTES
 
 
@@ -65,6 +71,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_MAX_REQUEST_BYTES,
         help="larger request bodies get HTTP 413 (default: 10 MiB)",
     )
+    p.add_argument(
+        "--allowed-local-media-path",
+        metavar="DIR",
+        help="image models: images may be read from local files below DIR (file:// URLs or "
+        "paths); default: none (data URLs only)",
+    )
+    p.add_argument(
+        "--limit-mm-per-prompt",
+        type=_mm_limits,
+        default={"image": DEFAULT_IMAGES_PER_PROMPT},
+        metavar="JSON",
+        help=f"image models: most images one prompt may carry, as vLLM's JSON "
+        f"'{{\"image\": N}}' (default: {DEFAULT_IMAGES_PER_PROMPT})",
+    )
     p.add_argument("--log-level", default="info", type=str.lower, choices=LOG_LEVELS)
     return p
 
@@ -95,7 +115,16 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         trust_request_chat_template=args.trust_request_chat_template,
         max_request_bytes=args.max_request_bytes,
         log_level=args.log_level,
+        allowed_local_media_path=args.allowed_local_media_path,
+        limit_mm_per_prompt=args.limit_mm_per_prompt,
     )
+
+
+def _mm_limits(text: str) -> dict[str, int]:
+    try:
+        return parse_mm_limits(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def main(argv: list[str] | None = None) -> int:

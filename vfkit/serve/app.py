@@ -36,6 +36,7 @@ from vfkit.serve.protocol import (
 from vfkit.serve.responses import TokenText, chat_response, completion_response
 from vfkit.serve.sequence import SamplingParams, Sequence, abort_unfinished
 from vfkit.serve.streaming import start_stream
+from vfkit.serve.vision import MediaPolicy, VisionInputs, vision_prompt
 
 _DISCONNECT_POLL_S = 1.0
 
@@ -73,12 +74,25 @@ class Server:
             404, f"The model `{model}` does not exist.", param="model", code="model_not_found"
         )
 
-    async def chat_prompt(self, req: ChatRequest) -> list[int]:
-        """The prompt's token ids, rendered and tokenized off the event loop."""
+    async def chat_prompt(self, req: ChatRequest) -> tuple[list[int], VisionInputs | None]:
+        """The prompt's token ids (and an image prompt's vision inputs), off the event loop."""
         trust = self.config.trust_request_chat_template
-        return await asyncio.to_thread(
-            chat_prompt_ids, self.tokenizer, req, self.engine.max_model_len, trust_templates=trust
+        max_len = self.engine.max_model_len
+        processor = getattr(self.engine, "processor", None)
+        if processor is not None:
+            policy = MediaPolicy(
+                tuple(filter(None, [self.config.allowed_local_media_path])),
+                self.config.max_images,
+            )
+            return await asyncio.to_thread(
+                vision_prompt, processor, req, max_len, trust_templates=trust, policy=policy
+            )
+        # the scripted test server has no model: it ignores images instead of refusing them
+        images = getattr(self.engine, "image_parts", "refuse")
+        ids = await asyncio.to_thread(
+            chat_prompt_ids, self.tokenizer, req, max_len, trust_templates=trust, images=images
         )
+        return ids, None
 
     def submit(
         self,
@@ -86,8 +100,10 @@ class Server:
         n: int,
         adapter: str | None,
         on_token: Callable[..., None] | None = None,
+        vision: VisionInputs | None = None,
     ) -> tuple[list[list[Sequence]], list[asyncio.Future]]:
-        """Queue n sequences per (prompt, params); each future resolves when its one is done."""
+        """Queue n sequences per (prompt, params); each future resolves when its one is done.
+        `vision`: the image inputs of a (single) chat prompt."""
         if not self.engine.alive:
             raise APIError(503, "The generation worker is not running; see the server log.")
         loop = asyncio.get_running_loop()
@@ -105,6 +121,7 @@ class Server:
                         on_done=partial(_resolve_soon, loop, future),
                         on_token=on_token,
                         generator=self.engine.generator(params.seed, j),
+                        vision=vision,
                     )
                 )
             groups.append(group)
@@ -117,9 +134,10 @@ class Server:
         prompts: list[tuple[list[int], SamplingParams]],
         n: int,
         adapter: str | None,
+        vision: VisionInputs | None = None,
     ) -> list[list[Sequence]]:
         """Run n sequences per (prompt, params) to completion; abort if the client goes away."""
-        groups, futures = self.submit(prompts, n, adapter)
+        groups, futures = self.submit(prompts, n, adapter, vision=vision)
         seqs = [s for g in groups for s in g]
         try:
             await _wait_unless_disconnected(asyncio.gather(*futures), request)
@@ -206,12 +224,12 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
     async def chat(req: ChatRequest, request: Request) -> Any:
         refuse_unsupported(req.model_extra or {})
         adapter = server.adapter_for(req.model)
-        prompt_ids = await server.chat_prompt(req)
+        prompt_ids, vision = await server.chat_prompt(req)
         params = sampling_params(req, len(prompt_ids), engine.max_model_len)
         model = req.model or config.model_id
         if req.stream:
-            return start_stream(server, req, model, [(prompt_ids, params)], adapter)
-        (seqs,) = await server.generate(request, [(prompt_ids, params)], req.n, adapter)
+            return start_stream(server, req, model, [(prompt_ids, params)], adapter, vision)
+        (seqs,) = await server.generate(request, [(prompt_ids, params)], req.n, adapter, vision)
         return await asyncio.to_thread(chat_response, req, model, prompt_ids, seqs, server.tokens)
 
     @app.post("/v1/completions")

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from vfkit.serve.limits import DEFAULT_MAX_REQUEST_BYTES
+
+# Images one prompt may carry when --limit-mm-per-prompt does not say (vf-serve and, for a VLM,
+# the vLLM backend): enough for a multi-turn tool episode (the picture plus a few zoomed crops),
+# small enough that one request cannot make the server decode hundreds of images.
+DEFAULT_IMAGES_PER_PROMPT = 8
 
 
 @dataclass
@@ -30,6 +36,12 @@ class ServeConfig:
     trust_request_chat_template: bool = False  # run a request's own chat_template (sandboxed)
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # larger bodies get 413
     log_level: str = "info"
+    # image-text-to-text models: local image files only from below this folder (vLLM's flag;
+    # None: data URLs only), and at most this many items per modality in one prompt
+    allowed_local_media_path: str | None = None
+    limit_mm_per_prompt: dict[str, int] = field(
+        default_factory=lambda: {"image": DEFAULT_IMAGES_PER_PROMPT}
+    )
 
     def __post_init__(self) -> None:
         self.validate()
@@ -57,8 +69,25 @@ class ServeConfig:
                 raise ValueError(
                     f"unknown {flag} {getattr(self, name)!r}: use one of {', '.join(allowed)}"
                 )
+        self._validate_mm_limits()
         if not _DEVICE.fullmatch(str(self.device)):
             raise ValueError(f"unknown --device {self.device!r}: use auto, cpu, cuda or cuda:N")
+
+    @property
+    def max_images(self) -> int:
+        """Images allowed in one prompt (--limit-mm-per-prompt's "image")."""
+        return self.limit_mm_per_prompt.get("image", DEFAULT_IMAGES_PER_PROMPT)
+
+    def _validate_mm_limits(self) -> None:
+        limits = self.limit_mm_per_prompt
+        if not isinstance(limits, dict) or not all(
+            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0
+            for k, v in limits.items()
+        ):
+            raise ValueError(
+                f"--limit-mm-per-prompt must map modalities to counts >= 0, e.g. "
+                f"'{{\"image\": 4}}', got {limits!r}"
+            )
 
 
 _BIG = 2**31 - 1
@@ -78,3 +107,21 @@ DTYPES = ("auto", "bfloat16", "float16", "float32", "half", "float")  # vLLM's a
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 _CHOICES = {"dtype": DTYPES, "log_level": LOG_LEVELS}
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
+
+
+def parse_mm_limits(text: str) -> dict[str, int]:
+    """--limit-mm-per-prompt as vLLM reads it: JSON ('{"image": 4}') or the older 'image=4'."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        value = {}
+        for item in filter(None, (p.strip() for p in text.split(","))):
+            key, sep, count = item.partition("=")
+            if not sep or not count.strip().isdigit():
+                raise ValueError(
+                    f"--limit-mm-per-prompt {text!r}: give JSON such as '{{\"image\": 4}}'"
+                ) from None
+            value[key.strip()] = int(count)
+    if not isinstance(value, dict):
+        raise ValueError(f"--limit-mm-per-prompt {text!r}: give JSON such as '{{\"image\": 4}}'")
+    return value

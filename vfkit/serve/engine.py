@@ -1,10 +1,11 @@
 """Continuous batching: one worker thread decodes every running sequence together.
 
 Each loop iteration: run pending adapter operations, admit waiting sequences (prefill them as a
-left-padded group and write them into free slots of the running batch, see batch.py), decode
-one token for every row, retire finished rows. A request arriving mid-generation therefore
-joins at the next step instead of waiting for the whole batch. The waiting queue is bounded
-(429 beyond it); whatever ends the worker, every pending request gets an answer.
+left-padded group, or a prompt with images alone with its vision inputs, see vision.py; then
+write them into free slots of the running batch, see batch.py), decode one token for every
+row (text and image prompts alike), retire finished rows. A request arriving mid-generation
+therefore joins at the next step instead of waiting for the whole batch. The waiting queue is
+bounded (429 beyond it); whatever ends the worker, every pending request gets an answer.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from vfkit.serve.kv_cache import BatchCache
 from vfkit.serve.lora import LoraManager
 from vfkit.serve.sampling import RowInput, StepOutput, sample_step
 from vfkit.serve.sequence import SamplingParams, Sequence
+from vfkit.serve.vision import VisionPrefill
 
 log = logging.getLogger("vfkit.serve")
 _MAX_GATHER_S = 0.25  # longest an arrival waits for others before its prefill
@@ -47,8 +49,11 @@ class Engine:
         max_loras: int = 4,
         threads: int | None = None,
         model_path: str = "",
+        processor: Any = None,
     ) -> None:
         self.lora = lora
+        self.processor = processor  # an image-text-to-text model's processor (None: text-only)
+        self.vision = VisionPrefill(lora.model)  # used by prompts that carry images
         self.model_path = model_path
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
@@ -218,6 +223,8 @@ class Engine:
                 if seq.aborted:
                     self._waiting.popleft()
                     continue
+                if new and (seq.vision is not None or new[0].vision is not None):
+                    break  # a prompt with images is prefilled on its own
                 longest_after = max(longest, len(seq.prompt_ids))
                 if new and longest_after * (len(new) + 1) > self.max_prefill_tokens:
                     break
@@ -251,9 +258,15 @@ class Engine:
             ids[i, width - len(s.prompt_ids) :] = torch.tensor(s.prompt_ids)
             mask[i, width - len(s.prompt_ids) :] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        next_positions = torch.tensor([len(s.prompt_ids) for s in new])
+        vision = {}
+        if new[0].vision is not None:  # alone in its group (see _admit): no padding
+            positions, after = self.vision.positions(new[0].vision, ids, mask)
+            next_positions = torch.tensor([after])
+            vision = self.vision.forward_inputs(new[0].vision)
         cache = BatchCache()
         start = time.perf_counter()
-        logits = self._forward([s.adapter for s in new], ids, mask, positions, cache)
+        logits = self._forward([s.adapter for s in new], ids, mask, positions, cache, **vision)
         self.stats.prefill_s += time.perf_counter() - start
         self.stats.prefill_tokens += int(mask.sum())
         self.stats.prefills += 1
@@ -261,8 +274,9 @@ class Engine:
         now = time.monotonic()
         self.stats.queue_wait_s += sum(now - s.queued_at for s in new)
         out = self._sample(logits, new)
-        lengths = torch.tensor([len(s.prompt_ids) for s in new])
-        self._batch.add(RunningBatch(list(new), cache, mask, lengths, torch.tensor(out.tokens)))
+        self._batch.add(
+            RunningBatch(list(new), cache, mask, next_positions, torch.tensor(out.tokens))
+        )
         self._record(new, out)
 
     def _decode(self) -> None:
@@ -288,7 +302,8 @@ class Engine:
         self.stats.sample_s += time.perf_counter() - start
         return out
 
-    def _forward(self, adapters, ids, mask, positions, cache) -> torch.Tensor:
+    def _forward(self, adapters, ids, mask, positions, cache, **vision) -> torch.Tensor:
+        """Last-position logits; `vision`: an image prompt's tensors (VisionPrefill)."""
         dev = self.device
         out = self.lora.forward(
             adapters,
@@ -300,6 +315,7 @@ class Engine:
             # an index tensor, not `1`: a strided last-position slice sends the lm_head through
             # a batched matmul that copies its weight once per row (seconds for 32 prompts)
             logits_to_keep=torch.tensor([ids.shape[1] - 1], device=dev),
+            **vision,
         )
         return out.logits[:, -1, :].float()
 

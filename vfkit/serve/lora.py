@@ -106,6 +106,7 @@ class LoraManager(ServedAdapters):
         self._active: str | None = None
         first = next(model.parameters())
         self._device, self._dtype = first.device, first.dtype
+        self._module_names = frozenset(name for name, _ in model.named_modules())
         self._merge = merge
         self._merged: MergedWeights | None = None
         self._layers_enabled = True
@@ -144,7 +145,22 @@ class LoraManager(ServedAdapters):
 
         peft_config = _lora_config(resolved, config)
         weights = _read_weights(resolved)
+        self._check_targets(resolved, weights)
         return AdapterFiles(resolved, config, peft_config, weights, fingerprint(weights))
+
+    def _check_targets(self, folder: Path, weights: dict[str, torch.Tensor]) -> None:
+        """400 when the adapter's tensors name modules this model lacks (an adapter trained on
+        another model, or on a text model's layout for an image model's language model)."""
+        absent = sorted({m for m in map(_module_of, weights) if m not in self._module_names})
+        if absent:
+            layers = sorted(n for n in self._module_names if n.endswith(".layers"))
+            raise APIError(
+                400,
+                f"The adapter in {folder} targets {len(absent)} module(s) this model does not "
+                f"have, e.g. '{absent[0]}' (this model's layers: {', '.join(layers) or 'none'}); "
+                "train the adapter on this model.",
+                param="lora_path",
+            )
 
     # ---- engine side: runs between decode steps ----
     def apply_load(self, name: str, files: AdapterFiles) -> None:
@@ -291,6 +307,15 @@ def check_load_request(name: str, path: str, *, loaded: bool, inplace: bool) -> 
             "Pass load_inplace=true to replace its weights.",
             param="lora_name",
         )
+
+
+def _module_of(key: str) -> str:
+    """The model module a saved PEFT tensor belongs to:
+    'base_model.model.model.language_model.layers.0.self_attn.q_proj.lora_A.weight'
+    -> 'model.language_model.layers.0.self_attn.q_proj'."""
+    key = key.removeprefix("base_model.model.")
+    owner, sep, _ = key.partition(".lora_")
+    return owner if sep else key.rpartition(".")[0]
 
 
 def _read_config(folder: Path) -> dict[str, Any]:

@@ -50,7 +50,6 @@ def choose_device(name: str) -> str:
 def build_engine(config: ServeConfig):
     """Resolve and load the model, and start the generation worker."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from vfkit.hub import resolve_model
     from vfkit.serve.engine import Engine
@@ -61,13 +60,14 @@ def build_engine(config: ServeConfig):
     path = resolve_model(config.model)
     device = choose_device(config.device)
     dtype = choose_dtype(config.dtype, device)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = load_model(AutoModelForCausalLM, path, dtype, device)
+    model, tokenizer, processor = load_served_model(path, dtype, device)
     model.requires_grad_(False)
     log.info(
-        "loaded %s from %s on %s as %s (%d threads)", config.model, path, device, dtype, threads
-    )
-    max_len = config.max_model_len or getattr(model.config, "max_position_embeddings", None) or 2048
+        "loaded %s from %s on %s as %s (%d threads%s)", config.model, path, device, dtype, threads,
+        ", images" if processor is not None else "",
+    )  # fmt: skip
+    text_config = model.config.get_text_config()
+    max_len = config.max_model_len or getattr(text_config, "max_position_embeddings", None) or 2048
     engine = Engine(
         LoraManager(
             model, allowed_dirs=config.allowed_adapter_dirs, max_lora_rank=config.max_lora_rank
@@ -81,9 +81,59 @@ def build_engine(config: ServeConfig):
         max_loras=config.max_loras,
         threads=threads,
         model_path=str(path),
+        processor=processor,
     )
     engine.start()
     return engine
+
+
+def load_served_model(path, dtype, device: str):
+    """(model, tokenizer, processor): an image-text-to-text model with its processor, else a
+    causal LM with its tokenizer (processor None)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if not is_vision_model(AutoConfig.from_pretrained(path)):
+        return load_model(AutoModelForCausalLM, path, dtype, device), _tokenizer(path), None
+    from transformers import AutoModelForImageTextToText
+
+    processor = load_processor(path)
+    model = load_model(AutoModelForImageTextToText, path, dtype, device)
+    return model, processor.tokenizer, processor
+
+
+def is_vision_model(config) -> bool:
+    """True for image-text-to-text models (LLaVA, Idefics3/SmolVLM, Qwen2/2.5/3-VL, ...)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    return (
+        config.model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+        and getattr(config, "vision_config", None) is not None
+    )
+
+
+def load_processor(path):
+    """The model folder's processor (tokenizer + image processor); a clear error without one."""
+    from transformers import AutoProcessor
+
+    problem = None
+    try:
+        processor = AutoProcessor.from_pretrained(path)
+    except (OSError, ValueError, ImportError) as exc:
+        processor, problem = None, str(exc).splitlines()[0] if str(exc) else repr(exc)
+    if processor is None or getattr(processor, "image_processor", None) is None:
+        raise ValueError(
+            f"{path} holds an image-text-to-text model but no usable processor "
+            f"(processor_config.json / preprocessor_config.json){': ' + problem if problem else ''}"
+            "; save the model's processor there (AutoProcessor.from_pretrained(...)"
+            ".save_pretrained(path))."
+        )
+    return processor
+
+
+def _tokenizer(path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
 
 
 def load_model(auto_cls, path, dtype, device: str = "cpu"):

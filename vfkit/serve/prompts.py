@@ -18,7 +18,7 @@ from functools import lru_cache
 from typing import Any
 
 from vfkit.serve.errors import APIError
-from vfkit.serve.protocol import ChatRequest, CompletionRequest, chat_messages
+from vfkit.serve.protocol import ChatRequest, CompletionRequest, ImageParts, chat_messages
 
 TEMPLATE_BUDGET_S = 2.0  # longest a client-supplied template may render
 
@@ -38,9 +38,32 @@ def request_template(req: ChatRequest) -> str | None:
 
 
 def chat_prompt_ids(
-    tokenizer: Any, req: ChatRequest, max_model_len: int, *, trust_templates: bool
+    tokenizer: Any,
+    req: ChatRequest,
+    max_model_len: int,
+    *,
+    trust_templates: bool,
+    images: ImageParts = "refuse",
 ) -> list[int]:
-    """Render the request's messages with the chat template and tokenize them (blocking)."""
+    """Render the request's messages with the chat template and tokenize them (blocking).
+
+    For a text-only model an image part is a 400 naming it (vision.py serves image models).
+    """
+    messages = chat_messages(req.messages, images=images)
+    text = render_chat(tokenizer, messages, req, trust_templates=trust_templates)
+    check_text_fits(tokenizer, text, max_model_len)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def render_chat(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    req: ChatRequest,
+    *,
+    trust_templates: bool,
+    default_template: str | None = None,
+) -> str:
+    """The prompt text of normalised `messages` (the request's template, else the model's)."""
     template = request_template(req)
     if template is not None and not trust_templates:
         raise APIError(
@@ -52,10 +75,10 @@ def chat_prompt_ids(
     kwargs = {k: v for k, v in (req.chat_template_kwargs or {}).items() if k != "chat_template"}
     try:
         with _time_bound(TEMPLATE_BUDGET_S if template is not None else None):
-            text = tokenizer.apply_chat_template(
-                chat_messages(req.messages),
+            return tokenizer.apply_chat_template(
+                messages,
                 tools=req.tools or None,
-                chat_template=template,
+                chat_template=template or default_template,
                 add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
                 continue_final_message=req.continue_final_message,
                 tokenize=False,
@@ -72,8 +95,6 @@ def chat_prompt_ids(
     except Exception as exc:  # jinja errors, bad roles: the request is at fault
         param = "chat_template" if template is not None else "messages"
         raise APIError(400, f"Cannot apply the chat template: {exc}", param=param) from exc
-    check_text_fits(tokenizer, text, max_model_len)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def check_text_fits(tokenizer: Any, text: str, max_model_len: int) -> None:

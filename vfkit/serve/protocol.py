@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import json
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from vfkit.serve.errors import APIError, context_length_error
 from vfkit.serve.sequence import SamplingParams
+
+ImageParts = Literal["keep", "refuse", "drop"]  # what chat_messages does with image parts
 
 
 class _SamplingRequest(BaseModel):
@@ -121,10 +123,17 @@ def sampling_params(
     )
 
 
-def chat_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Normalise OpenAI messages for chat templates: text parts joined, tool arguments as dicts."""
+def chat_messages(
+    messages: list[dict[str, Any]], *, images: ImageParts = "refuse"
+) -> list[dict[str, Any]]:
+    """Normalise OpenAI messages for chat templates: tool arguments as dicts, text parts joined.
+
+    Image parts: "keep" (image models) keeps a message's parts as `{"type": "text"|"image"}`, so
+    that the template puts the model's image placeholder where each image was; "refuse" (a
+    text-only model) is a 400 naming the part; "drop" (the scripted test server) ignores them.
+    """
     out = []
-    for message in messages:
+    for i, message in enumerate(messages):
         if not isinstance(message, dict) or "role" not in message:
             raise APIError(400, "Each message needs a 'role'.", param="messages")
         message = dict(message)
@@ -134,9 +143,9 @@ def chat_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 400, "A message's 'content' must be a string or a list of parts.", param="messages"
             )
         if isinstance(content, list):
-            message["content"] = "".join(
-                part.get("text", "") for part in content if isinstance(part, dict)
-            )
+            parts = _content_parts(i, content, images)
+            has_image = any(p["type"] == "image" for p in parts)
+            message["content"] = parts if has_image else "".join(p["text"] for p in parts)
         calls = []
         for call in message.get("tool_calls") or []:
             call = json.loads(json.dumps(call))
@@ -149,3 +158,33 @@ def chat_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             message["tool_calls"] = calls
         out.append(message)
     return out
+
+
+def _content_parts(i: int, content: list[Any], images: ImageParts) -> list[dict[str, Any]]:
+    """Text and image parts of message `i` (other part types are ignored, as before)."""
+    from vfkit.images import IMAGE_PART_TYPES, part_url
+
+    parts = []
+    for j, part in enumerate(content):
+        if not isinstance(part, dict):
+            continue
+        if part.get("type") not in IMAGE_PART_TYPES:
+            parts.append({"type": "text", "text": part.get("text", "")})
+            continue
+        field = f"messages[{i}].content[{j}]"
+        if images == "drop":
+            continue
+        if images == "refuse":
+            raise APIError(
+                400,
+                f"{field} is an image, but the served model is text-only; send text parts only, "
+                "or serve an image-text-to-text model.",
+                param=field,
+            )
+        if part_url(part) is None:
+            raise APIError(
+                400, f'{field}: an image part needs {{"image_url": {{"url": "data:..."}}}}.',
+                param=field,
+            )
+        parts.append({"type": "image"})
+    return parts

@@ -234,11 +234,12 @@ def start_stream(
     model: str,
     jobs: list[tuple[list[int], Any]],
     adapter: str | None,
+    vision: Any = None,
 ) -> StreamingResponse:
     """Submit the request's sequences (errors such as 429 still come back as JSON) and answer
-    with their stream. `server` is the app's `Server`."""
+    with their stream. `server` is the app's `Server`; `vision`: an image prompt's inputs."""
     events = TokenEvents()
-    groups, futures = server.submit(jobs, req.n, adapter, on_token=events.on_token)
+    groups, futures = server.submit(jobs, req.n, adapter, on_token=events.on_token, vision=vision)
     for seq, future in zip([s for g in groups for s in g], futures, strict=True):
         future.add_done_callback(lambda _, seq=seq: events.queue.put_nowait(("done", seq, None)))
     prompts = [ids for ids, _ in jobs]

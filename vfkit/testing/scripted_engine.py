@@ -88,6 +88,8 @@ class ScriptedLora(ServedAdapters):
 class ScriptedEngine:
     """The `Engine` interface the app uses, answering each sequence from the responder."""
 
+    image_parts = "drop"  # no model to show images to: prompts keep their text (no 400)
+
     def __init__(
         self, responder: Responder, tokenizer: Any, max_context: int, logprob: float, model: str
     ) -> None:

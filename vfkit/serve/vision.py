@@ -1,0 +1,141 @@
+"""Vision inputs for a sequence: a chat request's images -> prompt ids + the processor's tensors.
+
+An image-text-to-text model is served with its transformers processor. A chat request's image
+parts (`{"type": "image_url", "image_url": {"url": ...}}`, read by `vfkit.images`) are decoded,
+the messages are rendered by the chat template with one placeholder per image, and the processor
+expands each placeholder into the model's image tokens and computes the vision tensors
+(`pixel_values`, `image_grid_thw`, ...). The prompt ids the client gets back include those image
+tokens; the tensors travel with the sequence (`Sequence.vision`) to its prefill, where
+`VisionPrefill` moves them onto the model's device and, for models with multimodal rotary
+positions (Qwen2/2.5/3-VL: `model.model.get_rope_index`), computes the 3-D positions and the
+offset that the row's decode positions keep.
+
+Rendering and image decoding are blocking work: the app runs `vision_prompt` off the event loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from vfkit.images import ImageError, iter_image_parts, load_image
+from vfkit.serve.errors import APIError
+from vfkit.serve.prompts import check_text_fits, render_chat
+from vfkit.serve.protocol import ChatRequest, chat_messages
+
+_TEXT_KEYS = ("input_ids", "attention_mask")  # the processor's outputs that are not vision inputs
+
+
+@dataclass(frozen=True)
+class MediaPolicy:
+    """Where images may come from and how many one prompt may carry (vLLM's flags)."""
+
+    allowed_local_dirs: tuple[str, ...] = ()  # --allowed-local-media-path (empty: data URLs only)
+    max_images: int = 8  # --limit-mm-per-prompt '{"image": N}'
+
+
+@dataclass(frozen=True)
+class VisionInputs:
+    """The processor's vision tensors for one prompt (on the CPU until its prefill)."""
+
+    tensors: dict[str, Any]  # pixel_values, image_grid_thw, mm_token_type_ids, ...
+    num_images: int
+
+
+def request_images(messages: list[dict[str, Any]], policy: MediaPolicy) -> list[Any]:
+    """The request's images as PIL images, in prompt order; 400 naming the part that is wrong."""
+    parts = list(iter_image_parts(messages))
+    if len(parts) > policy.max_images:
+        i, j, _ = parts[policy.max_images]
+        raise APIError(
+            400,
+            f"messages[{i}].content[{j}]: the prompt carries {len(parts)} images, more than the "
+            f"{policy.max_images} this server accepts per prompt; send fewer images or restart "
+            "the server with a larger --limit-mm-per-prompt '{\"image\": N}'.",
+            param=f"messages[{i}].content[{j}]",
+        )
+    images = []
+    for i, j, url in parts:
+        try:
+            images.append(load_image(url, allowed_local_dirs=policy.allowed_local_dirs))
+        except ImageError as exc:
+            raise APIError(
+                400, f"messages[{i}].content[{j}]: {exc}", param=f"messages[{i}].content[{j}]"
+            ) from exc
+    return images
+
+
+def vision_prompt(
+    processor: Any,
+    req: ChatRequest,
+    max_model_len: int,
+    *,
+    trust_templates: bool,
+    policy: MediaPolicy,
+) -> tuple[list[int], VisionInputs | None]:
+    """Prompt ids (image tokens expanded) and vision inputs of a chat request (blocking)."""
+    images = request_images(req.messages, policy)
+    messages = chat_messages(req.messages, images="keep")
+    text = render_chat(
+        processor.tokenizer, messages, req, trust_templates=trust_templates,
+        default_template=getattr(processor, "chat_template", None),
+    )  # fmt: skip
+    check_text_fits(processor.tokenizer, text, max_model_len)
+    try:
+        out = processor(
+            text=[text], images=images or None, return_tensors="pt", add_special_tokens=False
+        )
+    except ValueError as exc:  # e.g. the template rendered fewer placeholders than images
+        raise APIError(
+            400, f"The processor cannot prepare the prompt: {exc}", param="messages"
+        ) from exc
+    ids = out["input_ids"][0].tolist()
+    if not images:
+        return ids, None
+    tensors = {k: v for k, v in out.items() if k not in _TEXT_KEYS}
+    return ids, VisionInputs(tensors, len(images))
+
+
+class VisionPrefill:
+    """The model side: vision tensors onto the model's device, and multimodal rope positions."""
+
+    def __init__(self, model: Any) -> None:
+        first = next(model.parameters())
+        self.device, self.dtype = first.device, first.dtype
+        inner = getattr(model, "model", None)
+        # Qwen2/2.5/3-VL: 3-D (temporal, height, width) positions for image tokens
+        self.rope_index = getattr(inner, "get_rope_index", None)
+        self.image_token_id = getattr(model.config, "image_token_id", None)
+
+    def forward_inputs(self, vision: VisionInputs) -> dict[str, Any]:
+        """The tensors the model's forward takes with the prompt, on its device (floats cast)."""
+        out = {}
+        for key, value in vision.tensors.items():
+            if key == "mm_token_type_ids":
+                continue  # only for the rope index, computed here
+            value = value.to(self.device)
+            out[key] = value.to(self.dtype) if value.is_floating_point() else value
+        return out
+
+    def positions(self, vision: VisionInputs, ids_1L: Any, mask_1L: Any) -> tuple[Any, int]:
+        """(position ids for the prefill, position of the next token) for one unpadded prompt.
+
+        Standard 1-D positions for LLaVA/Idefics3-like models; with multimodal rope, the 3-D
+        positions [3, 1, L], and the next token sits at `L + delta` (delta < 0 when an image's
+        tokens take fewer positions than tokens), where every decode step continues.
+        """
+        import torch
+
+        length = ids_1L.shape[1]
+        if self.rope_index is None or "image_grid_thw" not in vision.tensors:
+            return torch.arange(length)[None, :], length
+        types = vision.tensors.get("mm_token_type_ids")
+        if types is None:
+            types = (ids_1L == self.image_token_id).int()
+        positions_3BL, deltas = self.rope_index(
+            input_ids=ids_1L.to(self.device),
+            mm_token_type_ids=types.to(self.device),
+            image_grid_thw=vision.tensors["image_grid_thw"].to(self.device),
+            attention_mask=mask_1L.to(self.device),
+        )
+        return positions_3BL, length + int(deltas.reshape(-1)[0])
