@@ -1,0 +1,124 @@
+"""Training a vision-language policy through the real embedded server (vf-serve): a tiny random
+LLaVA learns an image-conditioned reward with every adapter hot-loaded and fingerprint-verified,
+and `--phase rollout` then `--phase update` train on the images saved with the rollouts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from vfkit.testing.tiny_vlm import make_tiny_vlm
+from vfkit.train.loop import StopFlag
+from vfkit.train.phases import collect_rollouts, train
+from vfkit.train.vision import ImageInputs
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _train_envs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "fixtures" / "train_envs"))
+
+
+@pytest.fixture(scope="module")
+def vlm_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_vlm(tmp_path_factory.mktemp("tiny-vlm"))
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+class StopWhenLearned(StopFlag):
+    """Stops the run once the last 3 steps all scored above `target` (like one SIGINT)."""
+
+    def __init__(self, run_dir: Path, target: float) -> None:
+        super().__init__()
+        self.path, self.target = run_dir / "metrics.jsonl", target
+
+    def __call__(self) -> bool:
+        if not self.path.exists():
+            return False
+        rewards = [json.loads(line).get("reward/mean", 0.0)
+                   for line in self.path.read_text().splitlines()]
+        return len(rewards) >= 3 and min(rewards[-3:]) > self.target
+
+
+def colour_config(model: Path, out: Path, *overrides: str):
+    import train_testing
+
+    return train_testing.tiny_config(
+        model, out, "", 'env.id="train-image-colour"',
+        'inference.args={dtype = "float32", threads = 1}', *overrides,
+    )
+
+
+@pytest.mark.slow
+def test_tiny_vlm_learns_an_image_conditioned_reward_through_the_embedded_server(
+    vlm_path: Path, tmp_path: Path
+) -> None:
+    # reward 1 for the image's colour letter first ("r" red, "b" blue), 0.3 for the other one:
+    # one letter whatever the image scores at most (1 + 0.3) / 2 = 0.65, so > 0.8 needs the image.
+    # lm_head gets a LoRA too: the tiny model's small output layer cannot favour one token alone
+    cfg = colour_config(
+        vlm_path, tmp_path,
+        "trainer.args.rollouts_per_example=8", "trainer.args.batch_size=32",
+        "trainer.args.micro_batch_size=32", "trainer.args.max_tokens=2",
+        "trainer.args.max_steps=60", "trainer.args.learning_rate=5e-3",
+        "trainer.args.save_steps=0", "trainer.args.mask_ratio_low=0.125",
+        "trainer.args.mask_ratio_high=8.0", "trainer.args.adapter_probe_tolerance=1e-3",
+        'trainer.args.lora_target_modules=["q_proj","k_proj","v_proj","o_proj","gate_proj",'
+        '"up_proj","down_proj","lm_head"]',
+    )
+    run_dir = train(cfg, stop=StopWhenLearned(tmp_path / cfg.run_name, 0.8))
+    rows = metrics(run_dir)
+    rewards = [m["reward/mean"] for m in rows]
+    assert rows[0]["reward/mean"] < 0.1, rewards  # the random model rarely starts with r or b
+    assert min(rewards[-3:]) > 0.8, rewards  # above 0.65: the answer follows the image
+    assert len(rows) < 60  # learned within the step budget
+    assert all(m["samples/bad_images"] == 0 for m in rows)
+    # every step's adapter was hot-loaded, listed, and proven to be the trained weights
+    assert all(m["sync/fingerprint_ok"] == 1.0 for m in rows)
+    assert [m["policy/lag"] for m in rows[1:]] == [1] * (len(rows) - 1)
+    adapter_config = json.loads((run_dir / "checkpoints" / f"step_{len(rows)}" / "adapter"
+                                 / "adapter_config.json").read_text())
+    assert "language_model" in adapter_config["target_modules"]  # the vision tower stayed out
+
+
+def test_rollout_then_update_phases_train_on_the_saved_images(
+    vlm_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # filter_zero_advantage off: the random policy's groups may all score 0, and must still train
+    cfg = colour_config(vlm_path, tmp_path, "trainer.args.max_steps=2",
+                        "trainer.args.max_tokens=3", "trainer.args.save_steps=0",
+                        "trainer.args.filter_zero_advantage=false")
+    run_dir = collect_rollouts(cfg)
+    saved = [json.loads(line) for step in (1, 2)
+             for line in (run_dir / "rollouts" / f"step_{step}.jsonl").read_text().splitlines()]
+    assert len(saved) == 16 and all(r["images"][0].startswith("data:image/png") for r in saved)
+    assert all(step["image_refs"] == [0] for r in saved for step in r["trajectory"])
+
+    # the update phase trains on the images in the files: an environment that now renders
+    # other images (green) must not change what it sees
+    import train_image_colour
+
+    encoded: list[str] = []
+    real_encode = ImageInputs.encode
+    monkeypatch.setattr(ImageInputs, "encode",
+                        lambda self, urls: encoded.extend(urls) or real_encode(self, urls))
+    monkeypatch.setitem(train_image_colour.COLOURS, "red", (20, 220, 20))
+    monkeypatch.setitem(train_image_colour.COLOURS, "blue", (20, 220, 20))
+    green = train_image_colour.colour_prompt("red")[0]["content"][0]["image_url"]["url"]
+    run_dir = train(cfg, saved_batches=True)
+    rows = metrics(run_dir)
+    assert [m["step"] for m in rows] == [1, 2]
+    assert all(m["samples/bad_images"] == 0 for m in rows)
+    assert sum(m["samples/trained"] for m in rows) == 16
+    trained = {url for r in saved for url in r["images"]}
+    assert encoded and set(encoded) <= trained  # exactly the images the rollouts were sampled on
+    assert green not in trained
+    assert (run_dir / "checkpoints" / "step_2" / "adapter" / "adapter_model.safetensors").exists()
+
