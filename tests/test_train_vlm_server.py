@@ -60,13 +60,14 @@ def colour_config(model: Path, out: Path, *overrides: str):
 def test_tiny_vlm_learns_an_image_conditioned_reward_through_the_embedded_server(
     vlm_path: Path, tmp_path: Path
 ) -> None:
-    # reward 1 for the image's colour letter first ("r" red, "b" blue), 0.3 for the other one:
-    # one letter whatever the image scores at most (1 + 0.3) / 2 = 0.65, so > 0.8 needs the image.
-    # lm_head gets a LoRA too: the tiny model's small output layer cannot favour one token alone
+    # reward = share of the image's colour letter ("r" red, "b" blue) in the answer. Every step
+    # samples all 4 prompts, 2 red and 2 blue, so an answer that ignores the image averages
+    # <= 0.5 a step: > 0.8 needs it. lm_head gets a LoRA too: the tiny model's small output
+    # layer cannot favour one token alone
     cfg = colour_config(
-        vlm_path, tmp_path,
+        vlm_path, tmp_path, "env.args.num_examples=4",
         "trainer.args.rollouts_per_example=8", "trainer.args.batch_size=32",
-        "trainer.args.micro_batch_size=32", "trainer.args.max_tokens=2",
+        "trainer.args.micro_batch_size=32", "trainer.args.max_tokens=4",
         "trainer.args.max_steps=60", "trainer.args.learning_rate=5e-3",
         "trainer.args.save_steps=0", "trainer.args.mask_ratio_low=0.125",
         "trainer.args.mask_ratio_high=8.0", "trainer.args.adapter_probe_tolerance=1e-3",
@@ -76,10 +77,14 @@ def test_tiny_vlm_learns_an_image_conditioned_reward_through_the_embedded_server
     run_dir = train(cfg, stop=StopWhenLearned(tmp_path / cfg.run_name, 0.8))
     rows = metrics(run_dir)
     rewards = [m["reward/mean"] for m in rows]
-    assert rows[0]["reward/mean"] < 0.1, rewards  # the random model rarely starts with r or b
-    assert min(rewards[-3:]) > 0.8, rewards  # above 0.65: the answer follows the image
+    assert rows[0]["reward/mean"] < 0.1, rewards  # the random model rarely writes r or b
+    assert min(rewards[-3:]) > 0.8, rewards  # above 0.5: the answer follows the image
     assert len(rows) < 60  # learned within the step budget
-    assert all(m["samples/bad_images"] == 0 for m in rows)
+    last = [json.loads(line) for line in
+            (run_dir / "rollouts" / f"step_{len(rows)}.jsonl").read_text().splitlines()]
+    for letter in "rb":  # each colour's prompts, alone, score above what ignoring it could
+        scores = [r["reward"] for r in last if r["answer"] == letter]
+        assert len(scores) == 16 and sum(scores) / 16 > 0.7, (letter, scores)
     # every step's adapter was hot-loaded, listed, and proven to be the trained weights
     assert all(m["sync/fingerprint_ok"] == 1.0 for m in rows)
     assert [m["policy/lag"] for m in rows[1:]] == [1] * (len(rows) - 1)
@@ -115,8 +120,10 @@ def test_rollout_then_update_phases_train_on_the_saved_images(
     run_dir = train(cfg, saved_batches=True)
     rows = metrics(run_dir)
     assert [m["step"] for m in rows] == [1, 2]
-    assert all(m["samples/bad_images"] == 0 for m in rows)
-    assert sum(m["samples/trained"] for m in rows) == 16
+    # a random policy may sample the <image> token itself: that rollout cannot be forwarded with
+    # its one image (17 placeholders), so it is dropped and counted, never crashes the step
+    assert sum(m["samples/trained"] + m["samples/bad_images"] for m in rows) == 16
+    assert sum(m["samples/trained"] for m in rows) > 8
     trained = {url for r in saved for url in r["images"]}
     assert encoded and set(encoded) <= trained  # exactly the images the rollouts were sampled on
     assert green not in trained

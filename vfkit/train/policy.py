@@ -151,10 +151,14 @@ def probe_logprobs(
 
 
 def save_adapter(model: PeftModel, path: Path) -> Path:
-    """Write adapter_model.safetensors + adapter_config.json atomically (tmp dir, rename)."""
+    """Write adapter_model.safetensors + adapter_config.json atomically (tmp dir, rename).
+
+    LoRA tensors only: PEFT would also copy the full base lm_head / embeddings whenever they
+    are LoRA targets (for resized vocabularies, which vfkit never makes); servers refuse such
+    base-layer tensors, and on a real model they are most of the file."""
     tmp = path.with_name(f".{path.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
+    model.save_pretrained(tmp, save_embedding_layers=False)
     shutil.rmtree(path, ignore_errors=True)
     tmp.rename(path)
     return path

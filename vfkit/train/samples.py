@@ -49,7 +49,9 @@ class SampleCounts:
     no_tokens: int = 0  # the server sent no token ids for a turn
     truncated_masked: int = 0  # truncated and mask_truncated_completions is on
     too_long: int = 0  # over max_seq_len: dropped, never silently cut
-    bad_images: int = 0  # image placeholders that do not match the images, or unreadable images
+    # image placeholders that do not match the images (a corrupt rollout, or a completion that
+    # sampled the image token itself: the forward could not place it), or unreadable images
+    bad_images: int = 0
 
 
 def step_image_urls(state: State, step: dict[str, Any]) -> list[str]:
