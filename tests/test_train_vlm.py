@@ -240,3 +240,14 @@ def test_prompt_length_counts_expanded_image_tokens(vlm_path: Path, tmp_path: Pa
     # <image> placeholder -> 16 image tokens each
     assert prompt_length(proc, [user(RED)]) == text_only + IMAGE_TOKENS_PER_IMAGE
     assert prompt_length(proc, [user(RED, BLUE)]) == text_only + 2 * IMAGE_TOKENS_PER_IMAGE
+
+
+def test_saved_adapters_hold_lora_tensors_only(vlm_path: Path, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    # PEFT copies a targeted lm_head's full base weight into the adapter unless told not to;
+    # servers refuse that tensor (vf-serve: "targets module(s) this model does not have")
+    lrn = learner(vlm_path, tmp_path, 'trainer.args.lora_target_modules=["q_proj", "lm_head"]')
+    names = list(load_file(lrn.save_adapter(1) / "adapter_model.safetensors"))
+    assert any("lm_head.lora_A" in n for n in names)
+    assert [n for n in names if ".lora_" not in n] == []
