@@ -129,3 +129,27 @@ def test_rollout_then_update_phases_train_on_the_saved_images(
     assert green not in trained
     assert (run_dir / "checkpoints" / "step_2" / "adapter" / "adapter_model.safetensors").exists()
 
+
+
+class StopAfter(StopFlag):
+    """Stops the run once `steps` steps are in metrics.jsonl (like one SIGINT)."""
+
+    def __init__(self, run_dir: Path, steps: int) -> None:
+        super().__init__()
+        self.path, self.steps = run_dir / "metrics.jsonl", steps
+
+    def __call__(self) -> bool:
+        return self.path.exists() and len(self.path.read_text().splitlines()) >= self.steps
+
+
+def test_a_vlm_run_stops_and_resumes_from_its_checkpoint(vlm_path: Path, tmp_path: Path) -> None:
+    cfg = colour_config(vlm_path, tmp_path, "trainer.args.max_steps=3",
+                        "trainer.args.max_tokens=3", "trainer.args.save_steps=0",
+                        "trainer.args.filter_zero_advantage=false")
+    run_dir = train(cfg, stop=StopAfter(tmp_path / cfg.run_name, 2))
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_2"]
+    resumed = train(cfg, resume=True)  # a fresh server: the queued batch's policy is re-loaded
+    rows = metrics(resumed)
+    assert [m["step"] for m in rows] == [1, 2, 3]
+    assert all(m["sync/fingerprint_ok"] == 1.0 for m in rows)
+    assert rows[2]["policy/version"] == 1  # batch 3 sampled by step 1's adapter (async_level 1)
