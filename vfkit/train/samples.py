@@ -91,10 +91,12 @@ def rollout_samples(state: State) -> list[Sample] | None:
 def attach_images(sample: Sample, images: ImageInputs | None) -> bool:
     """Give a sample its vision inputs and take every image token out of the loss; False when
     the ids' placeholders do not match the images (a corrupt rollout: not trainable)."""
-    image_token = images.image_token_id if images is not None else None
-    placeholders = sample.input_ids.count(image_token) if image_token is not None else 0
-    if images is None or not (sample.images or placeholders):
-        return not sample.images  # images but a text-only policy: nothing could use them
+    if images is None:  # a text-only policy: a sample with images is not one it can train
+        return not sample.images
+    image_token = images.image_token_id
+    placeholders = sample.input_ids.count(image_token)
+    if not sample.images and not placeholders:  # a text-only sample
+        return True
     try:
         encoded = images.encode(sample.images)
     except ImageError:

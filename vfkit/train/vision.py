@@ -5,7 +5,7 @@ the trainer never re-renders text. What it adds is what the model's forward need
 ids: the processor's vision tensors (pixel_values, image_sizes / image_grid_thw, ...) for the
 images of each sequence, in prompt order, built from the image URLs saved with the rollout.
 
-    images = ImageInputs.from_model_dir(model_dir)    # None for a text-only model
+    images = ImageInputs(load_processor(model_dir))   # a VLM's processor (not a tokenizer)
     encoded = images.encode(urls)                      # tensors + how many placeholders they fill
     vision = images.collate([encoded.tensors, ...])    # one micro-batch: concatenated on dim 0
     vision |= images.token_inputs(input_ids_BT)        # per-token extras (Qwen-VL's M-RoPE types)
@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from vfkit.images import IMAGE_PART_TYPES, ImageError, load_image, part_url
+from vfkit.images import IMAGE_PART_TYPES, load_image, part_url
 
 # processor outputs that describe the text, not the images: the trainer has its own ids
 _TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids")
@@ -79,13 +79,6 @@ class ImageInputs:
         self.image_token_id = int(processor.image_token_id)
         self.allowed_local_dirs = tuple(allowed_local_dirs)
 
-    @classmethod
-    def from_model_dir(
-        cls, model_dir: str | Path, allowed_local_dirs: Iterable[str | Path] = ()
-    ) -> ImageInputs | None:
-        processor = load_processor(model_dir)
-        return cls(processor, allowed_local_dirs) if is_image_processor(processor) else None
-
     def load(self, urls: list[str]) -> list[Any]:
         """The PIL images the URLs name (ImageError says which one cannot be read)."""
         return [load_image(url, allowed_local_dirs=self.allowed_local_dirs) for url in urls]
@@ -141,5 +134,3 @@ class ImageInputs:
         out = self.processor(text=[text], images=images, add_special_tokens=False)
         return len(out["input_ids"][0])
 
-
-__all__ = ["EncodedImages", "ImageError", "ImageInputs", "is_vlm", "load_processor"]
