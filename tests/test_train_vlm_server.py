@@ -68,7 +68,7 @@ def test_tiny_vlm_learns_an_image_conditioned_reward_through_the_embedded_server
         vlm_path, tmp_path, "env.args.num_examples=4",
         "trainer.args.rollouts_per_example=8", "trainer.args.batch_size=32",
         "trainer.args.micro_batch_size=32", "trainer.args.max_tokens=4",
-        "trainer.args.max_steps=60", "trainer.args.learning_rate=5e-3",
+        "trainer.args.max_steps=80", "trainer.args.learning_rate=5e-3",
         "trainer.args.save_steps=0", "trainer.args.mask_ratio_low=0.125",
         "trainer.args.mask_ratio_high=8.0", "trainer.args.adapter_probe_tolerance=1e-3",
         'trainer.args.lora_target_modules=["q_proj","k_proj","v_proj","o_proj","gate_proj",'
@@ -79,7 +79,7 @@ def test_tiny_vlm_learns_an_image_conditioned_reward_through_the_embedded_server
     rewards = [m["reward/mean"] for m in rows]
     assert rows[0]["reward/mean"] < 0.1, rewards  # the random model rarely writes r or b
     assert min(rewards[-3:]) > 0.8, rewards  # above 0.5: the answer follows the image
-    assert len(rows) < 60  # learned within the step budget
+    assert len(rows) < 80  # learned within the step budget (two runs here: 44 and 45 steps)
     last = [json.loads(line) for line in
             (run_dir / "rollouts" / f"step_{len(rows)}.jsonl").read_text().splitlines()]
     for letter in "rb":  # each colour's prompts, alone, score above what ignoring it could
