@@ -93,6 +93,7 @@ def test_tiny_vlm_learns_an_image_conditioned_reward_through_the_embedded_server
     assert "language_model" in adapter_config["target_modules"]  # the vision tower stayed out
 
 
+@pytest.mark.slow
 def test_rollout_then_update_phases_train_on_the_saved_images(
     vlm_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -142,6 +143,7 @@ class StopAfter(StopFlag):
         return self.path.exists() and len(self.path.read_text().splitlines()) >= self.steps
 
 
+@pytest.mark.slow
 def test_a_vlm_run_stops_and_resumes_from_its_checkpoint(vlm_path: Path, tmp_path: Path) -> None:
     cfg = colour_config(vlm_path, tmp_path, "trainer.args.max_steps=3",
                         "trainer.args.max_tokens=3", "trainer.args.save_steps=0",
