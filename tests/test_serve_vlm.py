@@ -97,7 +97,8 @@ def hf_logprobs(hf, messages, images, completion, model=None, tools=None):
     inputs = processor(text=[text], images=images, return_tensors="pt", add_special_tokens=False)
     prompt = inputs["input_ids"][0].tolist()
     ids = torch.tensor([prompt + completion])
-    logits = (model or base)(input_ids=ids, pixel_values=inputs["pixel_values"]).logits[0]
+    pixels = {"pixel_values": inputs["pixel_values"]} if images else {}
+    logits = (model or base)(input_ids=ids, **pixels).logits[0]
     logprobs = torch.log_softmax(logits[len(prompt) - 1 : -1].float(), -1)
     return prompt, logprobs.gather(1, torch.tensor(completion)[:, None])[:, 0]
 
@@ -122,6 +123,46 @@ def test_image_prompt_logprobs_equal_the_models_forward_and_depend_on_the_image(
     _, under_blue = hf_logprobs(hf, [user("What colour is this?", image_part(picture(BLUE)))],
                                 [picture(BLUE)], red_completion)  # fmt: skip
     assert (under_blue - torch.tensor(red_logprobs)).abs().max() > 1e-3
+
+
+def test_n_samples_of_an_image_prompt(client, hf):
+    messages = [user("Describe", image_part(picture(BLUE)))]
+    response = client.chat.completions.create(
+        model="vlm", messages=messages, max_tokens=5, logprobs=True, temperature=1.0, seed=3, n=3,
+        extra_body={"return_token_ids": True},
+    ).model_dump()  # fmt: skip
+    paths = {tuple(c["token_ids"]) for c in response["choices"]}
+    assert len(paths) > 1  # sampled independently
+    for choice in response["choices"]:
+        _, want = hf_logprobs(hf, messages, [picture(BLUE)], choice["token_ids"])
+        got = torch.tensor([t["logprob"] for t in choice["logprobs"]["content"]])
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+
+
+async def test_image_and_text_requests_served_together(server, hf):
+    """Concurrent image and text prompts share decode steps; each still matches the model."""
+    import asyncio
+
+    client = openai.AsyncOpenAI(base_url=server.base_url, api_key="x", max_retries=0)
+    conversations = [
+        ([user("First", image_part(picture(RED)))], [picture(RED)]),
+        ([user("hello there, a longer text-only prompt")], None),
+        ([user("Second", image_part(picture(BLUE, size=50)))], [picture(BLUE, size=50)]),
+        ([user("short")], None),
+    ]
+
+    async def one(messages):
+        response = await client.chat.completions.create(
+            model="vlm", messages=messages, max_tokens=8, logprobs=True, temperature=1.0,
+            seed=11, extra_body={"return_token_ids": True},
+        )  # fmt: skip
+        choice = response.model_dump()["choices"][0]
+        return choice["token_ids"], [t["logprob"] for t in choice["logprobs"]["content"]]
+
+    results = await asyncio.gather(*(one(m) for m, _ in conversations))
+    for (messages, images), (completion, logprobs) in zip(conversations, results, strict=True):
+        _, want = hf_logprobs(hf, messages, images, completion)
+        torch.testing.assert_close(torch.tensor(logprobs), want, atol=1e-4, rtol=0)
 
 
 def test_several_images_and_an_image_in_a_tool_result(client, hf):
@@ -197,6 +238,8 @@ def test_bad_image_parts_are_400s_naming_the_part(client, media):
         ([user("x", bad_image(f"file://{media[1]}/red.png"))], "outside the allowed"),
         ([user("x", bad_image("https://example.com/cat.png"))], "not fetched"),
         ([user("x", {"type": "image_url", "image_url": {}})], "image_url"),
+        ([user("x", {"type": "text", "text": ["not", "a", "string"]})], "must be a string"),
+        ([user("x", image_part(Image.new("1", (14000, 13000))))], "exceeds limit"),  # 22 kB PNG
     ]
     for messages, words in cases:
         assert_400(client, messages, "messages[0].content[1]", words)
@@ -223,6 +266,38 @@ def test_image_sent_to_a_text_model_is_a_400(tiny_model_path):
             model=str(tiny_model_path), messages=[user("hi", "there")], max_tokens=2
         )
         assert reply.choices[0].finish_reason == "length"
+
+
+async def test_scripted_test_server_takes_image_prompts():
+    """TestServer (the app over a scripted engine) has no model: image parts are ignored, not a
+    400, so environment tests can script replies to image prompts."""
+    from vfkit.testing.scripted_server import TestServer
+
+    with TestServer(["red"]) as srv:
+        reply = await srv.client(max_retries=0).chat.completions.create(
+            model="m", messages=[user("Colour?", image_part(picture(RED)))]
+        )
+        assert reply.choices[0].message.content == "red"
+        assert srv.requests[0]["messages"][0]["content"][1]["type"] == "image_url"
+
+
+@pytest.mark.parametrize("keep", [(), ("tokenizer.json", "tokenizer_config.json")])
+def test_an_image_model_without_its_processor_is_an_error_naming_the_folder(
+    vlm_path, tmp_path, capsys, keep
+):
+    """Weights alone (or with a tokenizer but no image processor) cannot serve images."""
+    import shutil
+
+    from vfkit.cli.serve import main
+
+    folder = tmp_path / "vlm-without-processor"
+    folder.mkdir()
+    for name in ("config.json", "generation_config.json", "model.safetensors", *keep):
+        shutil.copy(vlm_path / name, folder / name)
+    assert main([str(folder), "--device", "cpu", "--threads", "1"]) == 1
+    err = capsys.readouterr().err
+    assert f"vf-serve: error: {folder} holds an image-text-to-text model but no usable processor" \
+        in err  # fmt: skip
 
 
 def make_language_adapter(vlm_path, out, seed, targets):

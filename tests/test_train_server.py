@@ -4,6 +4,7 @@ a tiny random model learning a trivially learnable reward."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -59,4 +60,6 @@ def test_tiny_model_learns_a_trivial_reward_through_the_embedded_server(
     # every step's adapter was hot-loaded, listed, and proven to be the trained weights
     assert all(m["sync/fingerprint_ok"] == 1.0 for m in rows)
     assert [m["policy/lag"] for m in rows[1:]] == [1] * (len(rows) - 1)
+    # the trainer shares the CPU with the server: 1 thread while it generates, else both
+    assert all(1 <= m["cpu/trainer_threads"] <= (os.cpu_count() or 1) for m in rows)
     assert (run_dir / "checkpoints" / f"step_{len(rows)}" / "adapter").is_dir()

@@ -37,6 +37,7 @@ _EXPORTS: dict[str, str] = {
     "JudgeRubric": "vfkit.rubrics.judge_rubric",
     "ToolRubric": "vfkit.rubrics.tool_rubric",
     "MathRubric": "vfkit.rubrics.math_rubric",
+    "CuriosityRubric": "vfkit.rubrics.curiosity",
     # types and errors
     "State": "vfkit.types",
     "Messages": "vfkit.types",
@@ -78,6 +79,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs
     from vfkit.parsers.think_parser import MaybeThinkParser, ThinkParser
     from vfkit.parsers.utils import extract_boxed_answer
     from vfkit.parsers.xml_parser import XMLParser
+    from vfkit.rubrics.curiosity import CuriosityRubric
     from vfkit.rubrics.judge_rubric import JudgeRubric
     from vfkit.rubrics.math_rubric import MathRubric
     from vfkit.rubrics.rubric import Rubric

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 IMAGE_PART_TYPES = ("image_url", "image")
+MAX_IMAGE_PIXELS = 40_000_000  # larger images are refused before their pixels are decoded
 
 
 class ImageError(ValueError):
@@ -97,9 +98,15 @@ def load_image(url: str, *, allowed_local_dirs: Iterable[str | Path] = ()) -> An
     else:
         raw = _local_file_bytes(url, allowed_local_dirs)
     try:
-        with Image.open(io.BytesIO(raw)) as img:
+        with Image.open(io.BytesIO(raw)) as img:  # reads the header only
+            width, height = img.size
+            if width * height > MAX_IMAGE_PIXELS:
+                raise ImageError(
+                    f"image URL {url[:60]!r}: {width}x{height} pixels is more than the "
+                    f"{MAX_IMAGE_PIXELS:,} accepted; downscale it before sending"
+                )
             return img.convert("RGB")
-    except (UnidentifiedImageError, OSError) as exc:
+    except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
         raise ImageError(f"image URL {url[:60]!r}: not a readable image ({exc})") from exc
 
 

@@ -2,6 +2,14 @@
 
 Rows leave here with `prompt` (chat messages, or a str in completion mode), `example_id` (int),
 `task` (str) and, when the source has them, `answer` and `info`.
+
+Images: a row built from `question` may also have an `image` column (one image) and/or an
+`images` column (a list) — PIL images (a `datasets.Image` column), encoded bytes, data URLs or
+local paths. They become image content parts placed before the question in the user message
+(`[image, ..., {"type": "text", "text": question}]`), and the image columns are dropped: the
+pixels now live in the prompt as data URLs. Every message of such a prompt has part-list content
+(the system prompt too) because an Arrow column holds one type. A row that already has a
+`prompt` keeps it as is: put its images there with `vfkit.images.image_part`.
 """
 
 from __future__ import annotations
@@ -15,8 +23,11 @@ from typing import Any
 import datasets
 from datasets import Dataset
 
+from vfkit.envs.content import as_parts, drop_none_keys, image_parts, text_part
 from vfkit.errors import ConfigError
 from vfkit.types import Message, Messages
+
+IMAGE_COLUMNS = ("image", "images")
 
 
 def build_prompt(
@@ -25,23 +36,61 @@ def build_prompt(
     system_prompt: str | None = None,
     few_shot: Sequence[Message] | None = None,
     message_type: str = "chat",
+    images: Sequence[Any] | None = None,
 ) -> Messages:
-    """The prompt for one question: system prompt, few-shot messages, then the question."""
+    """The prompt for one question: system prompt, few-shot messages, then the question.
+
+    With `images` (PIL images, bytes, URLs or image parts; an empty list too) the user message
+    is the images' parts, then the question, and every message's content is a list of parts.
+    """
     if message_type == "completion":
+        if images:
+            raise ConfigError("images need message_type='chat' (a completion prompt is text)")
         return f"{system_prompt}\n\n{question}" if system_prompt else question
     messages: list[Message] = []
     if system_prompt:
         messages.append({"role": "system", "content": system_prompt})
     messages.extend(copy.deepcopy(list(few_shot or [])))
-    messages.append({"role": "user", "content": question})
+    if images is None:
+        messages.append({"role": "user", "content": question})
+        return messages
+    messages = [{**m, "content": as_parts(m.get("content"))} for m in messages]
+    messages.append({"role": "user", "content": [*image_parts(list(images)), text_part(question)]})
     return messages
+
+
+def row_image_parts(row: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The image parts of a row's `image` and `images` columns, in that order (None: the row
+    has neither column, so its prompt stays text)."""
+    if not any(column in row for column in IMAGE_COLUMNS):
+        return None
+    return [part for column in IMAGE_COLUMNS for part in image_parts(row.get(column))]
+
+
+def unify_content(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows whose chat prompts all use part-list content once any of them does (an Arrow column
+    holds one type: an image environment's rows beside a text environment's, as in EnvGroup)."""
+    chats = [r["prompt"] for r in rows if isinstance(r.get("prompt"), list)]
+    if not any(isinstance(m.get("content"), list) for chat in chats for m in chat):
+        return rows
+    return [
+        {**r, "prompt": [{**m, "content": as_parts(m.get("content"))} for m in r["prompt"]]}
+        if isinstance(r.get("prompt"), list) else r
+        for r in rows
+    ]
 
 
 def clean_messages(messages: Messages) -> Messages:
     """Deep-copy messages and drop None-valued keys (Arrow fills absent struct fields with None)."""
     if isinstance(messages, str):
         return messages
-    return [{k: copy.deepcopy(v) for k, v in dict(m).items() if v is not None} for m in messages]
+    cleaned = []
+    for m in messages:
+        message = {k: copy.deepcopy(v) for k, v in dict(m).items() if v is not None}
+        if isinstance(message.get("content"), list):
+            message["content"] = [drop_none_keys(part) for part in message["content"]]
+        cleaned.append(message)
+    return cleaned
 
 
 def parse_info(info: Any) -> dict[str, Any]:
@@ -75,12 +124,16 @@ def format_row(
             )
         out["prompt"] = build_prompt(
             out["question"], system_prompt=system_prompt, few_shot=few_shot,
-            message_type=message_type,
+            message_type=message_type, images=row_image_parts(out),
         )
+        for column in IMAGE_COLUMNS:
+            out.pop(column, None)  # the pixels live in the prompt now
     elif system_prompt and isinstance(out["prompt"], list):
         prompt = list(out["prompt"])
         if not prompt or prompt[0].get("role") != "system":
-            out["prompt"] = [{"role": "system", "content": system_prompt}, *prompt]
+            multimodal = any(isinstance(m.get("content"), list) for m in prompt)
+            content = as_parts(system_prompt) if multimodal else system_prompt
+            out["prompt"] = [{"role": "system", "content": content}, *prompt]
     if out.get("example_id") is None:
         out["example_id"] = index
     if not out.get("task"):
@@ -103,8 +156,12 @@ def format_dataset(
         dataset = Dataset.from_list([dict(r) for r in dataset])
     kwargs = {"system_prompt": system_prompt, "few_shot": few_shot,
               "message_type": message_type, "task": task}
+    consumed = [c for c in IMAGE_COLUMNS if c in dataset.column_names]
+    if "prompt" in dataset.column_names:
+        consumed = []  # rows with a prompt keep it (and their columns) as they are
     with quiet_datasets():
-        return dataset.map(lambda row, i: format_row(row, i, **kwargs), with_indices=True)
+        return dataset.map(lambda row, i: format_row(row, i, **kwargs), with_indices=True,
+                           remove_columns=consumed or None)
 
 
 @contextlib.contextmanager

@@ -11,6 +11,12 @@
 
     env = vf.ToolEnv(tools=[add], dataset=rows, rubric=rubric, max_turns=5)
 
+A tool may return an image: a PIL image (or a list of content parts, PIL images allowed among
+them) becomes the tool message's content parts, so the model sees the picture in its next turn
+(`vfkit.envs.content.tool_content`); text tools are unchanged. vLLM and vf-serve take images in
+tool messages; the OpenAI API takes them only from users: `tool_images="user"` keeps each tool
+message text and shows the turn's images in one user message after them.
+
 Every way a call can go wrong — arguments that are not JSON, JSON encoded twice, an unknown
 tool, a missing argument, a tool that raises — becomes a tool message the model sees
 ("Error: ..."), and the rollout goes on: the model gets to recover, as it would in production.
@@ -24,6 +30,7 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from vfkit.envs.content import move_images_to_user, tool_content
 from vfkit.envs.multiturn_env import MultiTurnEnv, stop
 from vfkit.envs.tool_schema import function_to_tool_schema
 from vfkit.errors import ConfigError
@@ -57,14 +64,10 @@ def parse_tool_arguments(raw: Any) -> dict[str, Any]:
     return value
 
 
-def format_result(result: Any) -> str:
-    """Tool results become message text: strings as is, JSON for data, str() otherwise."""
-    if isinstance(result, str):
-        return result
-    try:
-        return json.dumps(result)
-    except (TypeError, ValueError):
-        return str(result)
+def format_result(result: Any) -> str | list[dict[str, Any]]:
+    """Tool results become message content: strings as is, images as image parts, JSON for data,
+    str() otherwise (see `tool_content`)."""
+    return tool_content(result)
 
 
 class ToolEnv(MultiTurnEnv):
@@ -72,11 +75,15 @@ class ToolEnv(MultiTurnEnv):
 
     def __init__(
         self, tools: Iterable[Callable[..., Any]] | None = None, max_turns: int = 10,
-        **kwargs: Any,
+        tool_images: str = "tool", **kwargs: Any,
     ) -> None:
         super().__init__(max_turns=max_turns, **kwargs)
         if self.message_type != "chat":
             raise ConfigError("ToolEnv needs message_type='chat' (tool calls are chat messages)")
+        if tool_images not in ("tool", "user"):
+            raise ConfigError(f"tool_images must be 'tool' (images in the tool message) or "
+                              f"'user' (in a user message after it), not {tool_images!r}")
+        self.tool_images = tool_images
         self.tools: dict[str, Callable[..., Any]] = {}
         self.oai_tools: list[dict[str, Any]] = []
         for tool in tools or []:
@@ -106,7 +113,8 @@ class ToolEnv(MultiTurnEnv):
     async def env_response(self, messages: Messages, state: State) -> list[Message]:
         """One tool message per tool call in the model's last message."""
         calls = messages[-1].get("tool_calls") or []
-        return [await self.run_tool_call(call, messages, state) for call in calls]
+        replies = [await self.run_tool_call(call, messages, state) for call in calls]
+        return move_images_to_user(replies) if self.tool_images == "user" else replies
 
     async def run_tool_call(
         self, call: dict[str, Any], messages: Messages, state: State

@@ -22,6 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from vfkit.evaluation.results import Summary
+from vfkit.images import IMAGE_PART_TYPES
 
 SAMPLE_CHARS = 1200  # longer prompts/completions are cut in the sample panel
 
@@ -90,6 +91,20 @@ def summary_table(summary: Summary, rollouts_per_example: int) -> Table:
     return table
 
 
+def _content_text(content: Any) -> str:
+    """A message's content as text; image parts show as [image] (never their base64)."""
+    if isinstance(content, str) or content is None:
+        return content or ""
+    if not isinstance(content, list):
+        return str(content)
+    texts = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        texts.append(str(part.get("text", "")) if kind == "text" else
+                     "[image]" if kind in IMAGE_PART_TYPES else f"[{kind or 'part'}]")
+    return " ".join(t for t in texts if t)
+
+
 def _as_text(messages: Any) -> str:
     """A chat (list of messages) or a plain string, shown as readable text."""
     if isinstance(messages, str):
@@ -97,9 +112,7 @@ def _as_text(messages: Any) -> str:
     else:
         parts = []
         for m in messages or []:
-            content = m.get("content") or ""
-            if not isinstance(content, str):
-                content = str(content)
+            content = _content_text(m.get("content"))
             calls = m.get("tool_calls") or []
             names = ", ".join(str((c.get("function") or {}).get("name")) for c in calls)
             suffix = f" <tool calls: {names}>" if names else ""

@@ -3,6 +3,11 @@
 Reads metrics.jsonl (one line per step, keys as in the trainer's metrics) and rollouts/step_N.jsonl;
 writes the charts to outputs/<run>/report/*.png and an HTML page that references them by
 relative path, so the folder can be copied or opened from disk without a server.
+
+A vf-eval run folder (outputs/evals/<env>--<model>/<id>, with results.jsonl and metadata.json)
+gets the same page without charts: its summary and sampled rollouts. Images in rollouts are
+read from where both writers keep them, the messages' data URLs, and shown as small JPEG
+thumbnails embedded in the page (`thumbnail`), so the page stays light and self-contained.
 """
 
 from __future__ import annotations
@@ -16,10 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vfkit.evaluation.results import METADATA_FILE, RESULTS_FILE
 from vfkit.train.rundir import RunDir
 
 SAMPLES_PER_FILE = 3
+EVAL_SAMPLES = 6  # rollouts shown from a vf-eval run's results.jsonl
 MAX_TEXT = 1500
+THUMB_PX = 96  # longest side of an image thumbnail
 
 
 @dataclass(frozen=True)
@@ -192,6 +200,9 @@ def sample_rollouts(
     """A few rollouts per eval: eval rollout files when the trainer saved them, else the
     training rollouts of the eval steps (else of a spread of steps); distinct prompts each."""
     files = sorted(run.rollouts.glob("*.jsonl"), key=_step_of) if run.rollouts.exists() else []
+    if not files and is_eval_run(run):
+        results = read_jsonl(run.root / RESULTS_FILE)
+        return [("vf-eval results", _distinct_prompts(results, EVAL_SAMPLES))] if results else []
     evals = [f for f in files if "eval" in f.stem]
     eval_steps = {int(r["step"]) for r in rows if "eval/reward/mean" in r and "step" in r}
     at_eval = [f for f in files if _step_of(f)[0] in eval_steps]
@@ -218,6 +229,36 @@ def _distinct_prompts(records: list[dict[str, Any]], n: int) -> list[dict[str, A
     return [distinct[i] for i in picks]
 
 
+def is_eval_run(run: RunDir) -> bool:
+    """True for a vf-eval run folder (results.jsonl + metadata.json, no training metrics)."""
+    return ((run.root / RESULTS_FILE).is_file() and (run.root / METADATA_FILE).is_file()
+            and not run.metrics.exists())
+
+
+def read_eval_metadata(run: RunDir) -> dict[str, Any]:
+    """metadata.json of a vf-eval run ({} when unreadable: the page still shows the rollouts)."""
+    try:
+        meta = json.loads((run.root / METADATA_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def thumbnail(url: str, max_side: int = THUMB_PX) -> str:
+    """A JPEG data URL of the image an image part names, at most `max_side` px a side.
+
+    Only data URLs are read (a report never opens paths named inside rollouts); anything else
+    raises `vfkit.images.ImageError`.
+    """
+    from vfkit.images import ImageError, load_image, to_data_url
+
+    if not url.startswith("data:"):
+        raise ImageError(f"image {url[:60]!r} is not a data URL; only embedded images are shown")
+    image = load_image(url)
+    image.thumbnail((max_side, max_side))
+    return to_data_url(image, format="JPEG")
+
+
 def _step_of(path: Path) -> tuple[int, str]:
     digits = "".join(ch if ch.isdigit() else " " for ch in path.stem).split()
     return (int(digits[-1]) if digits else -1, path.stem)
@@ -231,7 +272,7 @@ def write_report(run: RunDir | Path | str, out_dir: Path | None = None) -> Path:
         raise FileNotFoundError(f"no run folder at {run.root}: give a path under outputs/")
     page_path = run.report if out_dir is None else Path(out_dir) / "report.html"
     rows = read_jsonl(run.metrics)
-    charts = write_charts(rows, page_path.parent / "report")
+    charts = [] if is_eval_run(run) else write_charts(rows, page_path.parent / "report")
     from vfkit.launch.report_html import render_page
 
     page = render_page(

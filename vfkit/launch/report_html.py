@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import tomllib
 from typing import Any
 
-from vfkit.launch.report import Chart, esc, series
+from vfkit.images import ImageError, part_url
+from vfkit.launch.report import (
+    Chart,
+    esc,
+    is_eval_run,
+    read_eval_metadata,
+    series,
+    thumbnail,
+)
 from vfkit.train.rundir import RunDir
+
+THUMBS_PER_ROLLOUT = 6  # more images in one rollout are counted, not drawn
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
@@ -18,6 +29,8 @@ table.summary td { padding: 2px 12px 2px 0; } table.summary td:first-child { col
 .rollout pre { white-space: pre-wrap; background: #f6f6f6; padding: 6px; margin: 4px 0; }
 .role { font-weight: 600; color: #555; font-size: .85em; } .reward { float: right; color: #064; }
 .err { color: #a00; } details pre { background: #f6f6f6; padding: 8px; }
+img.thumb { max-width: 96px; max-height: 96px; border: 1px solid #ccc; margin: 2px 4px 2px 0;
+  image-rendering: pixelated; vertical-align: top; }
 """
 
 
@@ -30,6 +43,8 @@ def render_page(
     generated: str,
 ) -> str:
     """The whole report page as one string."""
+    if is_eval_run(run):
+        return _eval_page(run, samples, generated=generated)
     config = run.root / "config.toml"
     config_text = config.read_text(errors="replace") if config.exists() else ""
     parts = [
@@ -47,6 +62,32 @@ def render_page(
         "</body></html>",
     ]
     return "\n".join(parts)
+
+
+def _eval_page(
+    run: RunDir, samples: list[tuple[str, list[dict[str, Any]]]], *, generated: str
+) -> str:
+    """The page of a vf-eval run: what ran, its averages, sampled rollouts (no charts)."""
+    meta = read_eval_metadata(run)
+    items = [(k, meta[k]) for k in ("env_id", "env_args", "model", "base_url", "status",
+                                    "num_examples", "rollouts_per_example", "num_rollouts",
+                                    "errors", "avg_reward", "duration_s") if k in meta]
+    items += [(f"avg {k}", v) for k, v in (meta.get("avg_metrics") or {}).items()]
+    rows = "".join(
+        f"<tr><td>{esc(k)}</td><td>{esc(f'{v:.4g}' if isinstance(v, float) else v)}</td></tr>"
+        for k, v in items
+    )
+    name = f"{run.root.parent.name}/{run.name}"
+    return "\n".join([
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        f"<title>vfkit eval {esc(name)}</title><style>{STYLE}</style></head><body>",
+        f"<h1>Eval <code>{esc(name)}</code></h1>",
+        f"<p class='muted'>generated {esc(generated)} by <code>vf-rl report</code></p>",
+        f"<table class='summary'>{rows}</table>",
+        "<h2>Sampled rollouts</h2>",
+        _samples(samples) if samples else "<p>No rollouts were saved.</p>",
+        "</body></html>",
+    ])
 
 
 def _config_items(config_text: str) -> list[tuple[str, str]]:
@@ -114,15 +155,13 @@ def _samples(samples: list[tuple[str, list[dict[str, Any]]]]) -> str:
         for row in rows:
             reward = row.get("reward")
             reward_txt = f"reward {reward:.3f}" if isinstance(reward, int | float) else ""
-            metrics = row.get("metrics") or {}
-            metric_txt = ", ".join(
-                f"{k}={v:.2f}" for k, v in metrics.items() if isinstance(v, int | float)
-            )
+            metric_txt = _metric_text(row)
+            thumbs = [THUMBS_PER_ROLLOUT]  # images left to draw in this rollout
             out.append(
                 f"<div class='rollout'><span class='reward'>{esc(reward_txt)} "
                 f"<span class='muted'>{esc(metric_txt)}</span></span>"
-                f"{_messages('prompt', row.get('prompt'), last_only=True)}"
-                f"{_messages('completion', row.get('completion'))}"
+                f"{_messages('prompt', row.get('prompt'), thumbs, last_only=True)}"
+                f"{_messages('completion', row.get('completion'), thumbs)}"
                 + (
                     f"<div>answer: <code>{esc(row['answer'], 300)}</code></div>"
                     if row.get("answer") not in (None, "")
@@ -138,17 +177,59 @@ def _samples(samples: list[tuple[str, list[dict[str, Any]]]]) -> str:
     return "".join(out)
 
 
-def _messages(label: str, value: Any, *, last_only: bool = False) -> str:
-    """A chat (list of messages) or a plain string; prompts show their last message only."""
+_RESULT_COLUMNS = {"example_id", "rollout_idx", "reward", "advantage", "is_truncated",
+                   "group", "policy_version"}  # fmt: skip
+
+
+def _metric_text(row: dict[str, Any]) -> str:
+    """`name=value` of each reward function: a training record's `metrics`, or the metric
+    columns of a vf-eval results row."""
+    metrics = row.get("metrics")
+    if not isinstance(metrics, dict):
+        metrics = {k: v for k, v in row.items() if k not in _RESULT_COLUMNS}
+    return ", ".join(f"{k}={v:.2f}" for k, v in metrics.items()
+                     if isinstance(v, int | float) and not isinstance(v, bool))
+
+
+def _messages(label: str, value: Any, thumbs: list[int], *, last_only: bool = False) -> str:
+    """A chat (list of messages) or a plain string; prompts show their last message only.
+    Image parts become thumbnails while `thumbs[0]` (this rollout's budget) lasts."""
     if isinstance(value, list):
         msgs = [m for m in value if isinstance(m, dict)]
         if last_only and msgs:
             msgs = msgs[-1:]
         return "".join(
             f"<div class='role'>{esc(label)} · {esc(m.get('role', '?'))}</div>"
-            f"<pre>{esc(m.get('content') or m.get('tool_calls') or '')}</pre>"
+            + (_parts(m["content"], thumbs) if isinstance(m.get("content"), list) and m["content"]
+               else f"<pre>{esc(m.get('content') or m.get('tool_calls') or '')}</pre>")
+            + (f"<pre>{esc(m['tool_calls'])}</pre>" if m.get("content") and m.get("tool_calls")
+               else "")
             for m in msgs
         )
     if value is None:
         return ""
     return f"<div class='role'>{esc(label)}</div><pre>{esc(value)}</pre>"
+
+
+def _parts(parts: list[Any], thumbs: list[int]) -> str:
+    """Content parts: text as text, images as embedded thumbnails (never their base64 text)."""
+    out, texts, hidden = [], [], 0
+    for part in parts:
+        url = part_url(part)
+        if url is None:
+            text = part.get("text") if isinstance(part, dict) else None
+            texts.append(text if isinstance(text, str) else json.dumps(part, default=str))
+            continue
+        if thumbs[0] <= 0:
+            hidden += 1
+            continue
+        thumbs[0] -= 1
+        try:
+            out.append(f"<img class='thumb' alt='image' src='{thumbnail(url)}'>")
+        except ImageError as exc:
+            out.append(f"<span class='muted'>[image not shown: {esc(exc, 200)}]</span>")
+    if hidden:
+        out.append(f"<span class='muted'>[{hidden} more image(s)]</span>")
+    text = "".join(texts)
+    return ("<div>" + "".join(out) + "</div>" if out else "") + (
+        f"<pre>{esc(text)}</pre>" if text else "")

@@ -1,7 +1,7 @@
 """Continuous batching: one worker thread decodes every running sequence together.
 
 Each loop iteration: run pending adapter operations, admit waiting sequences (prefill them as a
-left-padded group, or a prompt with images alone with its vision inputs, see vision.py; then
+left-padded group; an image prompt's n samples form a group of their own, see vision.py; then
 write them into free slots of the running batch, see batch.py), decode one token for every
 row (text and image prompts alike), retire finished rows. A request arriving mid-generation
 therefore joins at the next step instead of waiting for the whole batch. The waiting queue is
@@ -223,8 +223,8 @@ class Engine:
                 if seq.aborted:
                     self._waiting.popleft()
                     continue
-                if new and (seq.vision is not None or new[0].vision is not None):
-                    break  # a prompt with images is prefilled on its own
+                if new and seq.vision is not new[0].vision:
+                    break  # an image prompt (its n samples) is prefilled on its own
                 longest_after = max(longest, len(seq.prompt_ids))
                 if new and longest_after * (len(new) + 1) > self.max_prefill_tokens:
                     break
@@ -260,13 +260,14 @@ class Engine:
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         next_positions = torch.tensor([len(s.prompt_ids) for s in new])
         vision = {}
-        if new[0].vision is not None:  # alone in its group (see _admit): no padding
-            positions, after = self.vision.positions(new[0].vision, ids, mask)
-            next_positions = torch.tensor([after])
-            vision = self.vision.forward_inputs(new[0].vision)
+        if new[0].vision is not None:  # copies of one prompt (see _admit): no padding
+            positions, next_positions = self.vision.positions(new[0].vision, ids, mask)
+            vision = self.vision.forward_inputs(new[0].vision, copies=len(new))
         cache = BatchCache()
         start = time.perf_counter()
         logits = self._forward([s.adapter for s in new], ids, mask, positions, cache, **vision)
+        for seq in new:
+            seq.vision = None  # in the KV cache now: the pixels need not live while it decodes
         self.stats.prefill_s += time.perf_counter() - start
         self.stats.prefill_tokens += int(mask.sum())
         self.stats.prefills += 1

@@ -159,9 +159,10 @@ def start_server(
         from vfkit.serve.vllm import vllm_command, vllm_env, vllm_python
 
         python = vllm_python(executable)
+        path = resolve_model(model)
         cmd = vllm_command(
             python,
-            str(resolve_model(model)),
+            str(path),
             served_name=model,
             host=host,
             port=port,
@@ -171,6 +172,7 @@ def start_server(
             data_parallel_size=data_parallel_size,
             tensor_parallel_size=tensor_parallel_size,
             extra_args=extra_args,
+            images=_serves_images(path),
         )
         env.update(vllm_env(api_key))
     else:
@@ -191,6 +193,15 @@ def start_server(
             server.stop(timeout=5)
             raise
     return server
+
+
+def _serves_images(path) -> bool:
+    """Whether the model folder holds an image-text-to-text model (its config says so)."""
+    from transformers import AutoConfig
+
+    from vfkit.serve.model import is_vision_model
+
+    return is_vision_model(AutoConfig.from_pretrained(path))
 
 
 def health_url(base_url: str) -> str:

@@ -151,7 +151,8 @@ class LoraManager(ServedAdapters):
     def _check_targets(self, folder: Path, weights: dict[str, torch.Tensor]) -> None:
         """400 when the adapter's tensors name modules this model lacks (an adapter trained on
         another model, or on a text model's layout for an image model's language model)."""
-        absent = sorted({m for m in map(_module_of, weights) if m not in self._module_names})
+        modules = {_module_of(key) for key in weights if ".lora_" in key}
+        absent = sorted(m for m in modules if m not in self._module_names)
         if absent:
             layers = sorted(n for n in self._module_names if n.endswith(".layers"))
             raise APIError(
@@ -310,12 +311,10 @@ def check_load_request(name: str, path: str, *, loaded: bool, inplace: bool) -> 
 
 
 def _module_of(key: str) -> str:
-    """The model module a saved PEFT tensor belongs to:
+    """The model module a saved PEFT LoRA tensor belongs to:
     'base_model.model.model.language_model.layers.0.self_attn.q_proj.lora_A.weight'
     -> 'model.language_model.layers.0.self_attn.q_proj'."""
-    key = key.removeprefix("base_model.model.")
-    owner, sep, _ = key.partition(".lora_")
-    return owner if sep else key.rpartition(".")[0]
+    return key.removeprefix("base_model.model.").partition(".lora_")[0]
 
 
 def _read_config(folder: Path) -> dict[str, Any]:

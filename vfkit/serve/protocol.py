@@ -168,10 +168,13 @@ def _content_parts(i: int, content: list[Any], images: ImageParts) -> list[dict[
     for j, part in enumerate(content):
         if not isinstance(part, dict):
             continue
-        if part.get("type") not in IMAGE_PART_TYPES:
-            parts.append({"type": "text", "text": part.get("text", "")})
-            continue
         field = f"messages[{i}].content[{j}]"
+        if part.get("type") not in IMAGE_PART_TYPES:
+            text = part.get("text", "")
+            if not isinstance(text, str):
+                raise APIError(400, f"{field}.text must be a string.", param=field)
+            parts.append({"type": "text", "text": text})
+            continue
         if images == "drop":
             continue
         if images == "refuse":

@@ -56,7 +56,7 @@ class Sequence:
     # streaming: called on the worker thread with (seq, token, logprob, top) for each new token
     on_token: Callable[[Sequence, int, float | None, Any], None] | None = None
     generator: Any = None  # torch.Generator, for a seeded request
-    vision: Any = None  # vision.VisionInputs of an image prompt (shared by its n samples)
+    vision: Any = None  # an image prompt's vision.VisionInputs (shared by its n), until prefill
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]] | None] = field(default_factory=list)

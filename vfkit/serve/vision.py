@@ -54,11 +54,13 @@ def request_images(messages: list[dict[str, Any]], policy: MediaPolicy) -> list[
             "the server with a larger --limit-mm-per-prompt '{\"image\": N}'.",
             param=f"messages[{i}].content[{j}]",
         )
+    from PIL.Image import DecompressionBombError
+
     images = []
     for i, j, url in parts:
         try:
             images.append(load_image(url, allowed_local_dirs=policy.allowed_local_dirs))
-        except ImageError as exc:
+        except (ImageError, DecompressionBombError) as exc:  # the latter: > 178M pixels
             raise APIError(
                 400, f"messages[{i}].content[{j}]: {exc}", param=f"messages[{i}].content[{j}]"
             ) from exc
@@ -107,35 +109,43 @@ class VisionPrefill:
         self.rope_index = getattr(inner, "get_rope_index", None)
         self.image_token_id = getattr(model.config, "image_token_id", None)
 
-    def forward_inputs(self, vision: VisionInputs) -> dict[str, Any]:
-        """The tensors the model's forward takes with the prompt, on its device (floats cast)."""
+    def forward_inputs(self, vision: VisionInputs, copies: int = 1) -> dict[str, Any]:
+        """The tensors the model's forward takes with `copies` rows of one prompt, on its device
+        (floats in its dtype). Every vision tensor lists images (or patches, or prompt rows)
+        along dim 0 in prompt order, so `copies` rows are `copies` concatenations."""
         out = {}
-        for key, value in vision.tensors.items():
-            if key == "mm_token_type_ids":
-                continue  # only for the rope index, computed here
-            value = value.to(self.device)
-            out[key] = value.to(self.dtype) if value.is_floating_point() else value
+        for key, value in self._repeated(vision, copies).items():
+            if key != "mm_token_type_ids":  # only for the rope index, computed here
+                out[key] = value.to(self.dtype) if value.is_floating_point() else value
         return out
 
-    def positions(self, vision: VisionInputs, ids_1L: Any, mask_1L: Any) -> tuple[Any, int]:
-        """(position ids for the prefill, position of the next token) for one unpadded prompt.
+    def positions(self, vision: VisionInputs, ids_BL: Any, mask_BL: Any) -> tuple[Any, Any]:
+        """(position ids for the prefill, position of each row's next token [B]) for rows that
+        are copies of one unpadded prompt.
 
         Standard 1-D positions for LLaVA/Idefics3-like models; with multimodal rope, the 3-D
-        positions [3, 1, L], and the next token sits at `L + delta` (delta < 0 when an image's
+        positions [3, B, L], and the next token sits at `L + delta` (delta < 0 when an image's
         tokens take fewer positions than tokens), where every decode step continues.
         """
         import torch
 
-        length = ids_1L.shape[1]
+        rows, length = ids_BL.shape
+        plain = torch.arange(length).expand(rows, length)
         if self.rope_index is None or "image_grid_thw" not in vision.tensors:
-            return torch.arange(length)[None, :], length
-        types = vision.tensors.get("mm_token_type_ids")
+            return plain, torch.full((rows,), length)
+        tensors = self._repeated(vision, rows)
+        types = tensors.get("mm_token_type_ids")
         if types is None:
-            types = (ids_1L == self.image_token_id).int()
+            types = (ids_BL == self.image_token_id).int().to(self.device)
         positions_3BL, deltas = self.rope_index(
-            input_ids=ids_1L.to(self.device),
-            mm_token_type_ids=types.to(self.device),
-            image_grid_thw=vision.tensors["image_grid_thw"].to(self.device),
-            attention_mask=mask_1L.to(self.device),
+            input_ids=ids_BL.to(self.device),
+            mm_token_type_ids=types,
+            image_grid_thw=tensors["image_grid_thw"],
+            attention_mask=mask_BL.to(self.device),
         )
-        return positions_3BL, length + int(deltas.reshape(-1)[0])
+        return positions_3BL, length + deltas.reshape(-1).cpu()
+
+    def _repeated(self, vision: VisionInputs, copies: int) -> dict[str, Any]:
+        import torch
+
+        return {k: torch.cat([v] * copies).to(self.device) for k, v in vision.tensors.items()}

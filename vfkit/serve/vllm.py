@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import json
 import os
 from collections.abc import Sequence
 
 from vfkit.errors import ServerError
+from vfkit.serve.config import DEFAULT_IMAGES_PER_PROMPT
 
 VLLM_ENTRYPOINT = "vllm.entrypoints.openai.api_server"  # `vllm serve` needs the CLI on PATH
 _TOKEN_IDS_FIELD_SINCE = (0, 10, 2)  # earlier vLLMs lack `return_token_ids`
@@ -48,8 +50,15 @@ def vllm_command(
     data_parallel_size: int = 1,
     tensor_parallel_size: int = 1,
     extra_args: Sequence[str] = (),
+    images: bool = False,
 ) -> list[str]:
-    """`python -m vllm.entrypoints.openai.api_server ...` with LoRA and Hermes tool parsing on."""
+    """`python -m vllm.entrypoints.openai.api_server ...` with LoRA and Hermes tool parsing on.
+
+    `images` (an image-text-to-text model): unless `extra_args` sets it, --limit-mm-per-prompt
+    allows DEFAULT_IMAGES_PER_PROMPT images per prompt, as vf-serve does (vLLM's own default
+    depends on its version). Local image files stay refused unless `extra_args` carries
+    --allowed-local-media-path (from `[inference] args`, which vf-serve accepts too).
+    """
     cmd = [python, "-m", VLLM_ENTRYPOINT, "--model", model, "--served-model-name", served_name]
     cmd += ["--host", host, "--port", str(port), "--dtype", dtype]
     if max_loras > 0:
@@ -60,6 +69,8 @@ def vllm_command(
     if tensor_parallel_size > 1:
         cmd += ["--tensor-parallel-size", str(tensor_parallel_size)]
     cmd += ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    if images and not any(a.startswith("--limit-mm-per-prompt") for a in extra_args):
+        cmd += ["--limit-mm-per-prompt", json.dumps({"image": DEFAULT_IMAGES_PER_PROMPT})]
     if _needs_tokens_as_ids() and "--return-tokens-as-token-ids" not in extra_args:
         cmd.append("--return-tokens-as-token-ids")
     return cmd + list(extra_args)

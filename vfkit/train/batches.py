@@ -42,6 +42,9 @@ class BatchSource(Protocol):
     def get(self, step: int, should_stop: Callable[[], bool]) -> Batch | None:
         """Batch `step`; None when `should_stop()` turns true while waiting."""
 
+    def generating(self) -> bool:
+        """Is the inference server sampling for this source right now? (CPU core sharing)"""
+
     def publish(self, version: int, adapter_dir: Path, learner: Any) -> dict[str, float]:
         """Make policy `version` (just saved to `adapter_dir`) the sampling policy; metrics."""
 
@@ -73,6 +76,9 @@ class SavedBatches:
     def get(self, step: int, should_stop: Callable[[], bool]) -> Batch | None:
         groups, version = read_rollouts(self.run.rollouts_file(step))
         return Batch(step, version, groups)
+
+    def generating(self) -> bool:
+        return False  # no server: the trainer has the machine
 
     def publish(self, version: int, adapter_dir: Path, learner: Any) -> dict[str, float]:
         return {}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from transformers import get_scheduler
 from vfkit.train import checkpoint
 from vfkit.train.adapter_sync import Probe
 from vfkit.train.config import RunConfig
+from vfkit.train.cores import CoreShare
 from vfkit.train.placement import cpu_threads
 from vfkit.train.policy import load_policy, probe_logprobs, resolve_model_dir, save_adapter
 from vfkit.train.rundir import RunDir
@@ -39,8 +41,11 @@ class Learner:
         self.accelerator = Accelerator(mixed_precision="no", cpu=not torch.cuda.is_available())
         set_seed(args.seed)
         split = cpu_threads(cfg)
+        self.cores: CoreShare | None = None  # None: threads fixed (GPU, remote server, OMP set)
         if split and "OMP_NUM_THREADS" not in os.environ:
             torch.set_num_threads(split[1])  # the other cores serve rollouts
+            self.cores = CoreShare(share=split[1], total=max(split[1], os.cpu_count() or 1))
+        self._threads_used: list[int] = []
         model, self.processor = load_policy(resolve_model_dir(cfg.model), args)
         self.tokenizer = text_tokenizer(self.processor)
         # a vision-language policy: turns the samples' image URLs into the model's inputs
@@ -76,11 +81,25 @@ class Learner:
         """One optimizer step on the step's samples (the main process shares them)."""
         return self._update(self._share(samples))
 
+    def share_cores_with(self, generating: Callable[[], bool]) -> None:
+        """Take every CPU core for micro-batches that start while `generating()` is false."""
+        if self.cores is not None:
+            self.cores.generating = generating
+
     def _update(self, samples: list[Sample]) -> dict[str, float]:
-        return policy_update(
+        self._threads_used.clear()
+        metrics = policy_update(
             self.model, self.optimizer, self.scheduler, self.accelerator, samples,
             self.args, self.pad_id, self.autocast, self.images,
+            before_micro_batch=self._fit_threads,
         )
+        if self._threads_used:
+            metrics["cpu/trainer_threads"] = sum(self._threads_used) / len(self._threads_used)
+        return metrics
+
+    def _fit_threads(self) -> None:
+        if self.cores is not None:
+            self._threads_used.append(self.cores.fit())
 
     def _share(self, samples: list[Sample] | None) -> list[Sample] | None:
         """Several processes: the main one sends its samples, the others receive them."""

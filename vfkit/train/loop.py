@@ -52,6 +52,7 @@ def run_loop(
     state: LoopState, stop: StopFlag,
 ) -> None:
     """Train from `state.step` (0 = fresh) to max_steps, or until `stop` is set."""
+    learner.share_cores_with(source.generating)  # CPU: every core while nothing generates
     if start_metrics := source.start(state.step):  # queue the first batches; eval at step 0
         log.log(state.step, start_metrics)
     while state.step < args.max_steps and not stop():

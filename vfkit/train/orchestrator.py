@@ -157,6 +157,10 @@ class Orchestrator:
             batch.wait_s = time.monotonic() - started
             return batch
 
+    def generating(self) -> bool:
+        """True while a queued batch is still being sampled."""
+        return any(not fut.done() for _, fut in list(self.pending.values()))
+
     def publish(self, version: int, adapter_dir: Path, learner: Any) -> dict[str, float]:
         """Hot-load policy `version`, verify it, unload and delete adapters nothing uses."""
         started = time.monotonic()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import urllib.parse
 from collections.abc import Iterator
@@ -44,7 +45,11 @@ def device_ids(cfg: RunConfig) -> tuple[list[int], list[int]]:
 
 
 def flag_args(args: dict[str, Any]) -> list[str]:
-    """{"enforce_eager": True, "gpu_memory_utilization": 0.5} -> ["--enforce-eager", ...]."""
+    """{"enforce_eager": True, "gpu_memory_utilization": 0.5} -> ["--enforce-eager", ...].
+
+    A table or list value becomes JSON, as vLLM reads it (and vf-serve, for the image flags):
+    `limit_mm_per_prompt = {image = 4}` -> `--limit-mm-per-prompt '{"image": 4}'`.
+    """
     out: list[str] = []
     for key, value in args.items():
         if key in LAUNCHER_KWARGS:
@@ -52,6 +57,8 @@ def flag_args(args: dict[str, Any]) -> list[str]:
         flag = "--" + key.replace("_", "-")
         if value is True:
             out.append(flag)
+        elif isinstance(value, dict | list):
+            out += [flag, json.dumps(value)]
         elif value is not False:
             out += [flag, str(value)]
     return out

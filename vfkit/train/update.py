@@ -100,10 +100,13 @@ def policy_update(
     pad_id: int,
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
     images: ImageInputs | None = None,
+    before_micro_batch: Callable[[], None] = lambda: None,
 ) -> dict[str, float]:
     """Train on `samples` (this rank's share of micro-batches), then one optimizer step.
 
-    `images`: a vision-language policy's image processor (None for text models)."""
+    `images`: a vision-language policy's image processor (None for text models).
+    `before_micro_batch` runs before each forward (the learner fits its CPU threads there).
+    """
     totals = (sum(s.num_loss_tokens for s in samples), len(samples))
     batches = micro_batches(
         samples, args.micro_batch_size, pad_id,
@@ -114,6 +117,7 @@ def policy_update(
     stats, loss_sum = TokenStats(), 0.0
     for i, mb in enumerate(batches):
         last = i == len(batches) - 1
+        before_micro_batch()
         sync = contextlib.nullcontext() if last else accelerator.no_sync(model)
         with sync:
             with autocast():  # forward in bf16 when asked; backward outside autocast
