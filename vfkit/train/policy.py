@@ -50,8 +50,16 @@ def language_model_prefix(model: torch.nn.Module) -> str | None:
     """The module name of a VLM's language model (`model.language_model`), None for text."""
     if not is_vlm(getattr(model, "config", None)):
         return None
-    decoder = model.get_decoder()
-    return next((name for name, m in model.named_modules() if m is decoder and name), None)
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    names = [name for name, m in model.named_modules() if name and m is decoder]
+    names = names or [name for name, _ in model.named_modules()  # models without get_decoder
+                      if name.rsplit(".", 1)[-1] in ("language_model", "text_model")]
+    if not names:
+        raise ValueError(
+            f"{type(model).__name__}: cannot tell its language model from its vision tower; set "
+            "trainer.args.lora_train_vision = true to let lora_target_modules match model-wide"
+        )
+    return names[0]
 
 
 def lora_targets(model: torch.nn.Module, args: TrainerArgs) -> str | list[str]:
@@ -62,8 +70,8 @@ def lora_targets(model: torch.nn.Module, args: TrainerArgs) -> str | list[str]:
     regex PEFT matches against full module names; `lora_train_vision = true` leaves them
     model-wide (PEFT's own all-linear: every linear layer but the output one).
     """
-    prefix = language_model_prefix(model)
-    if prefix is None or args.lora_train_vision:
+    prefix = None if args.lora_train_vision else language_model_prefix(model)
+    if prefix is None:
         return args.lora_target_modules
     targets = args.lora_target_modules
     output = model.get_output_embeddings()
