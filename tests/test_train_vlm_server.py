@@ -7,12 +7,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import openai
 import pytest
 import torch
 
+import vfkit as vf
+from vfkit.serve.config import ServeConfig
+from vfkit.serve.runner import BackgroundServer
 from vfkit.testing.tiny_vlm import make_tiny_vlm
+from vfkit.train.learner import Learner
 from vfkit.train.loop import StopFlag
 from vfkit.train.phases import collect_rollouts, train
+from vfkit.train.rundir import RunDir
+from vfkit.train.samples import build_samples
 from vfkit.train.vision import ImageInputs
 
 torch.set_num_threads(1)
@@ -155,3 +162,57 @@ def test_a_vlm_run_stops_and_resumes_from_its_checkpoint(vlm_path: Path, tmp_pat
     assert [m["step"] for m in rows] == [1, 2, 3]
     assert all(m["sync/fingerprint_ok"] == 1.0 for m in rows)
     assert rows[2]["policy/version"] == 1  # batch 3 sampled by step 1's adapter (async_level 1)
+
+
+class MoreColours(vf.MultiTurnEnv):
+    """Answers model turn k with a blue (k odd) or red square: three turns, 1 to 3 images."""
+
+    def max_tokens_reached(self, state) -> bool:  # replaces the built-in stop: keep going
+        return False
+
+    async def env_response(self, messages, state):
+        import train_image_colour
+
+        colour = ["red", "blue"][state["turn"] % 2]
+        return train_image_colour.colour_prompt(colour)
+
+
+@pytest.mark.slow
+async def test_multi_turn_image_rollouts_train_with_every_turns_images(
+    vlm_path: Path, tmp_path: Path
+) -> None:
+    import train_image_colour
+
+    rows = [{"prompt": train_image_colour.colour_prompt("red"), "answer": "r"}] * 2
+    env = MoreColours(dataset=rows, max_turns=3, sampling_args={"max_tokens": 4})
+    config = ServeConfig(str(vlm_path), served_model_name="vlm", dtype="float32", device="cpu",
+                         threads=1)  # fmt: skip
+    with BackgroundServer(config) as server:
+        client = openai.AsyncOpenAI(base_url=server.base_url, api_key="x", max_retries=0)
+        states = await env.run_group([dict(r) for r in rows] * 2, client, "vlm")
+    for i, state in enumerate(states):
+        assert state["error"] is None and state["turn"] == 3
+        state["advantage"] = 1.0 if i % 2 else -1.0
+    lrn = Learner(colour_config(vlm_path, tmp_path), RunDir(tmp_path / "run"))
+    image_id = lrn.images.image_token_id
+    samples, counts = build_samples([states], max_seq_len=1024, mask_truncated=False,
+                                    images=lrn.images)
+    # a random model may sample the <image> token itself: only such sequences are dropped
+    sampled_image = sum(image_id in (step["tokens"]["completion_ids"]) for s in states
+                        for step in s["trajectory"])
+    assert counts.bad_images <= sampled_image and samples
+    for sample in samples:  # each sequence has its images, in order, and as many placeholders
+        assert 1 <= len(sample.images) <= 3
+        assert sample.input_ids.count(image_id) == 16 * len(sample.images)
+        assert sample.vision["pixel_values"].shape[0] == len(sample.images)
+        assert all(m == 0 for t, m in zip(sample.input_ids, sample.loss_mask, strict=True)
+                   if t == image_id)
+    whole = [s for s in samples if len(s.images) == 3]  # the usual case: one sequence a rollout
+    assert whole and all(s.images == [_url(c) for c in ("red", "blue", "red")] for s in whole)
+    assert lrn.update(samples)["grad_norm"] > 0
+
+
+def _url(colour: str) -> str:
+    import train_image_colour
+
+    return train_image_colour.colour_prompt(colour)[0]["content"][0]["image_url"]["url"]
