@@ -93,8 +93,9 @@ class Learner:
             self.args, self.pad_id, self.autocast, self.images,
             before_micro_batch=self._fit_threads,
         )
-        if self._threads_used:
-            metrics["cpu/trainer_threads"] = sum(self._threads_used) / len(self._threads_used)
+        if self.cores is not None:  # a step whose groups were all filtered ran no micro-batch
+            used = self._threads_used or [torch.get_num_threads()]
+            metrics["cpu/trainer_threads"] = sum(used) / len(used)
         return metrics
 
     def _fit_threads(self) -> None:
