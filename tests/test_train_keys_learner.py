@@ -101,6 +101,19 @@ def _lora(ctx: Ctx) -> None:
         ctx.cfg("trainer.args.use_lora=false")
 
 
+@check("trainer.args.lora_train_vision")
+def _lora_train_vision(ctx: Ctx) -> None:
+    from vfkit.testing.tiny_vlm import make_tiny_vlm
+
+    vlm = make_tiny_vlm(ctx.tmp / "vlm")
+    for train_vision in (False, True):
+        flag = f"trainer.args.lora_train_vision={str(train_vision).lower()}"
+        learner = ctx.learner(f'model="{vlm}"', flag)
+        names = [n for n, p in learner.peft_model.named_parameters() if p.requires_grad]
+        assert any("language_model" in n for n in names)
+        assert any("vision_tower" in n for n in names) == train_vision  # frozen unless asked
+
+
 def _update(ctx: Ctx, *overrides: str) -> dict:
     return ctx.learner(*overrides).update(_samples(4))
 

@@ -22,6 +22,7 @@ from peft import set_peft_model_state_dict
 from safetensors.torch import load_file
 
 from vfkit.errors import VfkitError
+from vfkit.train.policy import save_adapter
 from vfkit.train.rundir import RunDir, step_of
 
 
@@ -60,7 +61,7 @@ def save_checkpoint(
     tmp = final.with_name(f".{final.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    model.save_pretrained(tmp / "adapter")
+    save_adapter(model, tmp / "adapter")
     for version, adapter_dir in policies.items():
         shutil.copytree(adapter_dir, tmp / "policies" / run.adapter_dir(version).name)
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")

@@ -179,6 +179,9 @@ class TrainerArgs(Section):
     """Rank-stabilized LoRA scaling."""
     lora_modules_to_save: list[str] = Field(default_factory=list)
     """Modules trained in full and saved with the adapter (the server must support them)."""
+    lora_train_vision: bool = False
+    """Vision-language models: LoRA targets also match the vision tower and projector (default:
+    the language model only, vision frozen). Text models ignore it."""
     # --- loss
     loss_type: LossType = "grpo"
     """Policy-gradient loss: grpo | dr_grpo | dapo | cispo (vfkit/train/losses/)."""

@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 
 from vfkit.client.limits import SequenceLimits
+from vfkit.images import message_image_urls
+from vfkit.train.vision import ImageInputs, is_image_processor, text_tokenizer
 from vfkit.types import State
 
 
@@ -41,9 +43,15 @@ class DataOrder:
 
 
 def prompt_length(tokenizer: Any, prompt: Any) -> int:
-    """Tokens of a prompt as the server will render it (chat template + generation prompt)."""
+    """Tokens of a prompt as the server will render it (chat template + generation prompt).
+
+    `tokenizer` may be a VLM's processor: a prompt with images then counts each image's
+    expanded placeholder tokens, as the server sends them to the model.
+    """
     if isinstance(prompt, str):
-        return len(tokenizer(prompt)["input_ids"])
+        return len(text_tokenizer(tokenizer)(prompt)["input_ids"])
+    if is_image_processor(tokenizer):  # the processor's own template, images expanded
+        return ImageInputs(tokenizer).prompt_length(prompt)
     ids = tokenizer.apply_chat_template(
         prompt, tokenize=True, add_generation_prompt=True, return_dict=False
     )
@@ -76,11 +84,25 @@ _RECORD_KEYS = (
 
 
 def state_record(state: State, group: int, policy_version: int) -> dict[str, Any]:
-    """A JSON-safe record of one rollout: its text, scores, and per-turn token fields."""
+    """A JSON-safe record of one rollout: its text, scores, and per-turn token fields.
+
+    Each turn's prompt images are kept as they were sent (data URLs), once per rollout in
+    `images`, each turn naming its own by index (`image_refs`): `--phase update` trains on
+    exactly these images, never re-rendered (samples.step_image_urls reads them back).
+    """
     record = {k: state.get(k) for k in _RECORD_KEYS}
     record["group"] = group
     record["policy_version"] = policy_version
-    record["trajectory"] = [{"tokens": step.get("tokens")} for step in state.get("trajectory", [])]
+    images: dict[str, int] = {}
+    record["trajectory"] = []
+    for step in state.get("trajectory", []):
+        entry = {"tokens": step.get("tokens")}
+        urls = message_image_urls(step["prompt"]) if isinstance(step.get("prompt"), list) else []
+        if urls:
+            entry["image_refs"] = [images.setdefault(url, len(images)) for url in urls]
+        record["trajectory"].append(entry)
+    if images:
+        record["images"] = list(images)
     return record
 
 

@@ -1,7 +1,7 @@
 """The model side of training: LoRA policy, AdamW, LR schedule, on plain Accelerate.
 
     learner = Learner(cfg, run)
-    metrics = learner.update(samples)           # one optimizer step
+    metrics = learner.update(samples)           # one optimizer step (text or image samples)
     adapter_dir = learner.save_adapter(version)  # adapters/step_<version>
 """
 
@@ -28,6 +28,7 @@ from vfkit.train.policy import load_policy, probe_logprobs, resolve_model_dir, s
 from vfkit.train.rundir import RunDir
 from vfkit.train.samples import Sample
 from vfkit.train.update import policy_update
+from vfkit.train.vision import ImageInputs, allowed_media_dirs, is_image_processor, text_tokenizer
 
 
 class Learner:
@@ -45,7 +46,11 @@ class Learner:
             torch.set_num_threads(split[1])  # the other cores serve rollouts
             self.cores = CoreShare(share=split[1], total=max(split[1], os.cpu_count() or 1))
         self._threads_used: list[int] = []
-        model, self.tokenizer = load_policy(resolve_model_dir(cfg.model), args)
+        model, self.processor = load_policy(resolve_model_dir(cfg.model), args)
+        self.tokenizer = text_tokenizer(self.processor)
+        # a vision-language policy: turns the samples' image URLs into the model's inputs
+        self.images = (ImageInputs(self.processor, allowed_media_dirs(cfg))
+                       if is_image_processor(self.processor) else None)
         trainable = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(
             trainable, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2),
@@ -85,10 +90,12 @@ class Learner:
         self._threads_used.clear()
         metrics = policy_update(
             self.model, self.optimizer, self.scheduler, self.accelerator, samples,
-            self.args, self.pad_id, self.autocast, before_micro_batch=self._fit_threads,
+            self.args, self.pad_id, self.autocast, self.images,
+            before_micro_batch=self._fit_threads,
         )
-        if self._threads_used:
-            metrics["cpu/trainer_threads"] = sum(self._threads_used) / len(self._threads_used)
+        if self.cores is not None:  # a step whose groups were all filtered ran no micro-batch
+            used = self._threads_used or [torch.get_num_threads()]
+            metrics["cpu/trainer_threads"] = sum(used) / len(used)
         return metrics
 
     def _fit_threads(self) -> None:

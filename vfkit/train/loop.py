@@ -88,7 +88,8 @@ def train_on(batch: Batch, learner: Learner, args: TrainerArgs) -> dict[str, flo
         zero_truncated=args.zero_truncated_completions, filter_zero=args.filter_zero_advantage,
     )
     samples, counts = build_samples(
-        kept, max_seq_len=args.max_seq_len, mask_truncated=args.mask_truncated_completions
+        kept, max_seq_len=args.max_seq_len, mask_truncated=args.mask_truncated_completions,
+        images=getattr(learner, "images", None),  # a VLM policy's image processor
     )
     started = time.monotonic()
     metrics = learner.update(samples)
@@ -104,6 +105,7 @@ def train_on(batch: Batch, learner: Learner, args: TrainerArgs) -> dict[str, flo
         "samples/too_long": counts.too_long,
         "samples/truncated_masked": counts.truncated_masked,
         "samples/no_tokens": counts.no_tokens,
+        "samples/bad_images": counts.bad_images,
         "tokens/total": tokens,
         "tokens/loss": sum(s.num_loss_tokens for s in samples),
         "time/train": train_s,

@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 from accelerate import PartialState
-from transformers import AutoTokenizer
 
 from vfkit.client.sampling import merge_sampling_args
 from vfkit.errors import VfkitError
@@ -33,6 +32,7 @@ from vfkit.train.orchestrator import Orchestrator
 from vfkit.train.placement import inference_server
 from vfkit.train.policy import resolve_model_dir
 from vfkit.train.rundir import RunDir, open_run_dir, run_dir_of
+from vfkit.train.vision import load_processor
 from vfkit.types import SamplingArgs
 
 
@@ -72,13 +72,13 @@ def _train(
         if saved_batches:
             run_loop(SavedBatches(run, a.max_steps), learner, log, a, state, stop)
         else:
-            rows = dataset_rows(env.get_dataset(), learner.tokenizer, a.max_prompt_len)[0]
+            rows = dataset_rows(env.get_dataset(), learner.processor, a.max_prompt_len)[0]
             with (
                 inference_server(cfg, resolve_model_dir(cfg.model), run) as base_url,
                 Orchestrator(
                     env, rows, base_url=base_url, args=a, run=run, sampling_args=sampling,
                     api_key=cfg.inference.api_key, policies=policies, **eval_setup(
-                        cfg, eval_env, learner.tokenizer),
+                        cfg, eval_env, learner.processor),
                 ) as orch,
             ):
                 run_loop(orch, learner, log, a, state, stop)
@@ -102,7 +102,7 @@ def _collect_rollouts(cfg: RunConfig, resume: bool, stop: StopFlag) -> Path:
     if done and not resume:
         raise VfkitError(f"{run.rollouts} already has {done} steps: add --resume to continue")
     model_dir = resolve_model_dir(cfg.model)
-    env, rows, _, _ = load_data(cfg, AutoTokenizer.from_pretrained(model_dir))
+    env, rows, _, _ = load_data(cfg, load_processor(model_dir))
     cfg, sampling = with_rollout_sampling(cfg, env)
     log = metrics_logger(cfg, run)
     log.truncate(done)
@@ -140,7 +140,8 @@ def run_phase(
 
 # --- wiring helpers
 def load_data(cfg: RunConfig, tokenizer: Any) -> tuple[Any, list[dict], Any, list[dict]]:
-    """The training env and rows, and the eval env and its held-out rows."""
+    """The training env and rows, and the eval env and its held-out rows (`tokenizer`: or a
+    VLM's processor, which measures prompts with their images' tokens)."""
     env, eval_env = load_envs(cfg)
     rows = dataset_rows(env.get_dataset(), tokenizer, cfg.trainer.args.max_prompt_len)[0]
     evals = eval_setup(cfg, eval_env, tokenizer)

@@ -1,19 +1,26 @@
 """The trained policy: base model + PEFT LoRA adapter, token logprobs, adapter files.
 
-    model, tokenizer = load_policy(model_dir, cfg.trainer.args)
+    model, processor = load_policy(model_dir, cfg.trainer.args)
     logprobs_BT, entropy_BT = token_logprobs(model, input_ids_BT, attention_mask_BT, temperature)
+
+A vision-language model (a config with a vision tower) loads with AutoModelForImageTextToText
+and its AutoProcessor; its LoRA adapts the language model only unless `lora_train_vision` is set
+(`lora_targets`), and its forward takes the micro-batch's vision inputs (`vision=`).
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
 from vfkit.train.config import TrainerArgs
+from vfkit.train.vision import is_vlm, load_processor
 
 
 def resolve_model_dir(name_or_path: str) -> Path:
@@ -25,29 +32,75 @@ def resolve_model_dir(name_or_path: str) -> Path:
     return Path(resolve_model(name_or_path))
 
 
-def lora_config(args: TrainerArgs) -> LoraConfig:
-    """Every `lora_*` key of the config, passed on to PEFT."""
+def lora_config(args: TrainerArgs, target_modules: str | list[str] | None = None) -> LoraConfig:
+    """Every `lora_*` key of the config, passed on to PEFT (targets as `lora_targets` resolved
+    them for the model, default: the key as written)."""
     return LoraConfig(
         r=args.lora_rank,
         lora_alpha=args.lora_alpha,
         lora_dropout=args.lora_dropout,
-        target_modules=args.lora_target_modules,
+        target_modules=args.lora_target_modules if target_modules is None else target_modules,
         use_rslora=args.lora_use_rslora,
         modules_to_save=args.lora_modules_to_save or None,
         task_type="CAUSAL_LM",
     )
 
 
-def load_policy(model_dir: Path, args: TrainerArgs) -> tuple[PeftModel, object]:
-    """Base model in fp32 (bf16 is autocast only) with a freshly initialized LoRA adapter."""
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+def language_model_prefix(model: torch.nn.Module) -> str | None:
+    """The module name of a VLM's language model (`model.language_model`), None for text."""
+    if not is_vlm(getattr(model, "config", None)):
+        return None
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    names = [name for name, m in model.named_modules() if name and m is decoder]
+    names = names or [name for name, _ in model.named_modules()  # models without get_decoder
+                      if name.rsplit(".", 1)[-1] in ("language_model", "text_model")]
+    if not names:
+        raise ValueError(
+            f"{type(model).__name__}: cannot tell its language model from its vision tower; set "
+            "trainer.args.lora_train_vision = true to let lora_target_modules match model-wide"
+        )
+    return names[0]
+
+
+def lora_targets(model: torch.nn.Module, args: TrainerArgs) -> str | list[str]:
+    """`lora_target_modules` as PEFT should apply it to `model`.
+
+    Text models: the key unchanged. VLMs: "all-linear" and module names are confined to the
+    language model (not the vision tower or the projector; lm_head only when named) by one
+    regex PEFT matches against full module names; `lora_train_vision = true` leaves them
+    model-wide (PEFT's own all-linear: every linear layer but the output one).
+    """
+    prefix = None if args.lora_train_vision else language_model_prefix(model)
+    if prefix is None:
+        return args.lora_target_modules
+    targets = args.lora_target_modules
+    output = model.get_output_embeddings()
+    head = next((n for n, m in model.named_modules() if m is output and n), None)
+    extra = []  # an output layer named explicitly (lm_head) is the language side's too
+    if targets == "all-linear":
+        targets = sorted({
+            name.rsplit(".", 1)[-1] for name, m in model.named_modules()
+            if isinstance(m, torch.nn.Linear) and name.startswith(prefix + ".") and m is not output
+        })
+    elif head is not None and any(head == t or head.endswith("." + t) for t in targets):
+        extra = [re.escape(head)]
+    leaves = "|".join(re.escape(t) for t in targets)
+    return "|".join([rf"{re.escape(prefix)}\.(?:.*\.)?(?:{leaves})", *extra])
+
+
+def load_policy(model_dir: Path, args: TrainerArgs) -> tuple[PeftModel, Any]:
+    """Base model in fp32 (bf16 is autocast only) with a freshly initialized LoRA adapter,
+    and its processor (a VLM's AutoProcessor, else the tokenizer)."""
+    processor = load_processor(model_dir)
+    vlm = is_vlm(AutoConfig.from_pretrained(model_dir))
+    auto = AutoModelForImageTextToText if vlm else AutoModelForCausalLM
+    base = auto.from_pretrained(model_dir, dtype=torch.float32)
     base.config.use_cache = False
     torch.manual_seed(args.seed)  # LoRA init depends on it: same seed, same adapter
-    model = get_peft_model(base, lora_config(args))
+    model = get_peft_model(base, lora_config(args, lora_targets(base, args)))
     if args.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    return model, tokenizer
+    return model, processor
 
 
 def token_logprobs(
@@ -57,9 +110,15 @@ def token_logprobs(
     temperature: float,
     *,
     with_entropy: bool = False,
+    vision: dict[str, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Logprob of each next token (B × T-1) at the sampling temperature, and its entropy."""
-    logits_BTV = model(input_ids=input_ids_BT, attention_mask=attention_mask_BT).logits
+    """Logprob of each next token (B × T-1) at the sampling temperature, and its entropy.
+
+    `vision`: a VLM micro-batch's image inputs (pixel_values, ...), passed on to the forward.
+    """
+    logits_BTV = model(
+        input_ids=input_ids_BT, attention_mask=attention_mask_BT, **(vision or {})
+    ).logits
     logits_BTV = logits_BTV[:, :-1].float() / temperature
     targets_BT = input_ids_BT[:, 1:]
     log_norm_BT = torch.logsumexp(logits_BTV, dim=-1)
@@ -74,19 +133,22 @@ def token_logprobs(
 
 @torch.no_grad()
 def base_logprobs(
-    model: PeftModel, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor, temp: float
+    model: PeftModel, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor, temp: float,
+    vision: dict[str, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Logprobs under the base model: the same weights with the adapter switched off."""
     model = getattr(model, "module", model)  # under DDP: the PeftModel inside (no grad here)
     with model.disable_adapter():
-        return token_logprobs(model, input_ids_BT, attention_mask_BT, temp)[0]
+        return token_logprobs(model, input_ids_BT, attention_mask_BT, temp, vision=vision)[0]
 
 
 @torch.no_grad()
 def probe_logprobs(
     model: torch.nn.Module, prompt_ids: list[int], completion_ids: list[int], temperature: float
 ) -> list[float]:
-    """The trainer's logprobs of a server-sampled completion (to verify a hot-loaded adapter)."""
+    """The trainer's logprobs of a server-sampled completion (to verify a hot-loaded adapter).
+
+    The probe prompt is text only (adapter_sync.PROBE_MESSAGES): no vision inputs."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -97,10 +159,14 @@ def probe_logprobs(
 
 
 def save_adapter(model: PeftModel, path: Path) -> Path:
-    """Write adapter_model.safetensors + adapter_config.json atomically (tmp dir, rename)."""
+    """Write adapter_model.safetensors + adapter_config.json atomically (tmp dir, rename).
+
+    LoRA tensors only: PEFT would also copy the full base lm_head / embeddings whenever they
+    are LoRA targets (for resized vocabularies, which vfkit never makes); servers refuse such
+    base-layer tensors, and on a real model they are most of the file."""
     tmp = path.with_name(f".{path.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
+    model.save_pretrained(tmp, save_embedding_layers=False)
     shutil.rmtree(path, ignore_errors=True)
     tmp.rename(path)
     return path

@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from vfkit.errors import ConfigError, VfkitError
+from vfkit.images import ImageError
 from vfkit.train.config import RunConfig
 from vfkit.train.data import prompt_length
 from vfkit.train.placement import choose_backend, device_ids, flag_args
+from vfkit.train.vision import is_vlm, load_processor, text_tokenizer
 
 
 @dataclass
@@ -39,12 +41,13 @@ class ModelInfo:
     """What the checks learn about the model without loading its weights."""
 
     config: Any
-    tokenizer: Any
+    tokenizer: Any  # a vision-language model's processor (it measures image prompts)
     path: str
 
 
 def load_model_info(model: str) -> ModelInfo:
-    """Config and tokenizer only: a folder, a few hub files, or (offline) vfkit.hub's folder."""
+    """Config and tokenizer (a VLM's processor) only: a folder, a few hub files, or (offline)
+    vfkit.hub's folder."""
     from transformers import AutoConfig, AutoTokenizer
 
     from vfkit.hub import hub_unreachable_reason, resolve_model
@@ -53,7 +56,11 @@ def load_model_info(model: str) -> ModelInfo:
     if not Path(model).is_dir():
         # online: fetch config + tokenizer files only; offline: the cache or the bundled GGUF
         path = model if hub_unreachable_reason() is None else str(resolve_model(model))
-    return ModelInfo(AutoConfig.from_pretrained(path), AutoTokenizer.from_pretrained(path), path)
+    try:
+        processor = load_processor(path)
+    except OSError:  # a VLM folder without its processor: check_processor names the fix
+        processor = AutoTokenizer.from_pretrained(path)
+    return ModelInfo(AutoConfig.from_pretrained(path), processor, path)
 
 
 def check_model(cfg: RunConfig) -> tuple[Check, ModelInfo | None]:
@@ -64,8 +71,8 @@ def check_model(cfg: RunConfig) -> tuple[Check, ModelInfo | None]:
             f"model = {cfg.model!r}: cannot read its config/tokenizer ({type(exc).__name__}: "
             f"{exc}); give a local HF folder or a hub id"
         )), None
-    kind = type(info.config).__name__
-    return Check("model", True, f"{cfg.model} ({kind}, vocab {len(info.tokenizer)})"), info
+    kind, vocab = type(info.config).__name__, len(text_tokenizer(info.tokenizer))
+    return Check("model", True, f"{cfg.model} ({kind}, vocab {vocab})"), info
 
 
 def check_output_dir(root: Path) -> Check:
@@ -89,14 +96,21 @@ def check_output_dir(root: Path) -> Check:
     return Check("output dir", True, f"{root} is writable{note}")
 
 
+def empty_model(config: Any) -> Any:
+    """The model built on the meta device (module names and shapes, no weights)."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    auto = AutoModelForImageTextToText if is_vlm(config) else AutoModelForCausalLM
+    with init_empty_weights():
+        return auto.from_config(config)
+
+
 def module_names(config: Any) -> tuple[list[str], set[str]]:
     """(all module names, names of Linear modules) of the model, built without weights."""
     import torch
-    from accelerate import init_empty_weights
-    from transformers import AutoModelForCausalLM
 
-    with init_empty_weights():
-        model = AutoModelForCausalLM.from_config(config)
+    model = empty_model(config)
     names = [n for n, _ in model.named_modules() if n]
     linear = {n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     return names, linear
@@ -111,12 +125,20 @@ def check_lora_targets(cfg: RunConfig, info: ModelInfo) -> Check:
     a = cfg.trainer.args
     names, linear = module_names(info.config)
     leaf_linear = sorted({n.rsplit(".", 1)[-1] for n in linear} - {"lm_head"})
+    vlm = None  # a VLM's targets must be in its language model (run_checks_vision.py)
+    if is_vlm(info.config):
+        from vfkit.train.run_checks_vision import check_vlm_lora_targets
+
+        vlm = check_vlm_lora_targets(cfg, empty_model(info.config))
+        if not vlm.ok or a.lora_target_modules == "all-linear":
+            return vlm
     if a.lora_target_modules == "all-linear":
         if not leaf_linear:
             return Check("lora", False, f"{cfg.model} has no Linear layers for all-linear")
         return Check("lora", True, f"all-linear = {', '.join(leaf_linear)}")
     leaves = sorted({n.rsplit(".", 1)[-1] for n in names})
-    for key in ("lora_target_modules", "lora_modules_to_save"):
+    keys = ("lora_modules_to_save",) if vlm else ("lora_target_modules", "lora_modules_to_save")
+    for key in keys:
         for target in getattr(a, key):
             if not _matches(target, names):
                 near = difflib.get_close_matches(target, leaves, n=1)
@@ -125,7 +147,8 @@ def check_lora_targets(cfg: RunConfig, info: ModelInfo) -> Check:
                     f"trainer.args.{key}: {target!r} is no module of {cfg.model}{hint}; its "
                     f"linear layers are {', '.join(leaf_linear)}"
                 ))
-    return Check("lora", True, f"targets {', '.join(a.lora_target_modules)} found in {cfg.model}")
+    return vlm or Check(
+        "lora", True, f"targets {', '.join(a.lora_target_modules)} found in {cfg.model}")
 
 
 def check_tensor_parallel(cfg: RunConfig, info: ModelInfo, backend: str) -> Check | None:
@@ -206,12 +229,20 @@ def check_environment(cfg: RunConfig, info: ModelInfo | None) -> tuple[Check, in
         return Check("environment", False, f"env.id = {cfg.env.id!r}: the dataset is empty"), None
     if info is None:  # the model check already failed: no tokenizer to measure with
         return Check("environment", True, f"{cfg.env.id}: {len(dataset)} examples"), None
-    lengths = [prompt_length(info.tokenizer, p) for p in dataset["prompt"]]
+    from vfkit.train.run_checks_vision import image_note, image_prompts_need_vlm
+
+    if why := image_prompts_need_vlm(cfg, info.config, dataset["prompt"]):
+        return Check("environment", False, why), None
+    try:  # a VLM's processor counts each image's expanded placeholder tokens
+        lengths = [prompt_length(info.tokenizer, p) for p in dataset["prompt"]]
+    except ImageError as exc:
+        return Check("environment", False, f"env.id = {cfg.env.id!r}: a prompt image: {exc}"), None
+    images = image_note(info.tokenizer, dataset["prompt"])
     kept = [n for n in lengths if n <= a.max_prompt_len]
     if not kept:
         return Check("environment", False, (
             f"every prompt of {cfg.env.id} is longer than trainer.args.max_prompt_len="
-            f"{a.max_prompt_len} (shortest {min(lengths)} tokens); raise max_prompt_len"
+            f"{a.max_prompt_len} (shortest {min(lengths)} tokens{images}); raise max_prompt_len"
         )), None
     dropped = len(lengths) - len(kept)
     skipped = f" ({dropped} over max_prompt_len skipped)" if dropped else ""
@@ -224,7 +255,7 @@ def check_environment(cfg: RunConfig, info: ModelInfo | None) -> tuple[Check, in
     limits = check_sequence_limits(cfg, info, kept)
     if limits is not None:
         return limits, max(kept)
-    span = f"prompts {min(kept)}-{max(kept)} tokens"
+    span = f"prompts {min(kept)}-{max(kept)} tokens{images}"
     detail = f"{cfg.env.id}: {len(dataset)} examples{skipped}; {span}"
     return Check("environment", True, detail), max(kept)
 
@@ -334,6 +365,9 @@ def static_checks(cfg: RunConfig, *, server: bool = True) -> tuple[list[Check], 
     model, info = check_model(cfg)
     checks.append(model)
     if info is not None:
+        from vfkit.train.run_checks_vision import check_processor
+
+        checks += filter(None, [check_processor(cfg, info.config, info.tokenizer)])
         checks.append(_guard("lora", lambda: check_lora_targets(cfg, info)))
         checks += filter(None, [check_tensor_parallel(cfg, info, backend)])
     env_check, prompt_tokens = check_environment(cfg, info)

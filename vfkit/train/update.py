@@ -19,6 +19,7 @@ from vfkit.train.config import TrainerArgs
 from vfkit.train.losses import LOSSES, LossInputs
 from vfkit.train.policy import base_logprobs, token_logprobs
 from vfkit.train.samples import Sample
+from vfkit.train.vision import ImageInputs
 
 
 @dataclass
@@ -47,7 +48,8 @@ def micro_batch_loss(
 ) -> torch.Tensor:
     """The loss of one micro-batch (normalized for the whole step); records token stats."""
     logprobs_BT, entropy_BT = token_logprobs(
-        model, mb.input_ids_BT, mb.attention_mask_BT, args.temperature, with_entropy=True
+        model, mb.input_ids_BT, mb.attention_mask_BT, args.temperature, with_entropy=True,
+        vision=mb.vision,
     )
     sampling_BT = mb.sampling_logprobs_BT[:, 1:]
     loss_mask_BT = mb.loss_mask_BT[:, 1:]
@@ -59,7 +61,7 @@ def micro_batch_loss(
     kl_BT = None
     if args.beta > 0:  # k3 estimator of KL(policy ‖ base), Schulman 2020
         log_base_ratio_BT = base_logprobs(
-            model, mb.input_ids_BT, mb.attention_mask_BT, args.temperature
+            model, mb.input_ids_BT, mb.attention_mask_BT, args.temperature, mb.vision
         ) - logprobs_BT
         kl_BT = torch.exp(log_base_ratio_BT) - log_base_ratio_BT - 1
     total_tokens, total_sequences = totals
@@ -97,17 +99,19 @@ def policy_update(
     args: TrainerArgs,
     pad_id: int,
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+    images: ImageInputs | None = None,
     before_micro_batch: Callable[[], None] = lambda: None,
 ) -> dict[str, float]:
     """Train on `samples` (this rank's share of micro-batches), then one optimizer step.
 
+    `images`: a vision-language policy's image processor (None for text models).
     `before_micro_batch` runs before each forward (the learner fits its CPU threads there).
     """
     totals = (sum(s.num_loss_tokens for s in samples), len(samples))
     batches = micro_batches(
         samples, args.micro_batch_size, pad_id,
         rank=accelerator.process_index, world=accelerator.num_processes,
-        device=accelerator.device,
+        device=accelerator.device, images=images,
     )
     model.train()
     stats, loss_sum = TokenStats(), 0.0

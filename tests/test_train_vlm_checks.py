@@ -1,0 +1,94 @@
+"""Preflight for vision-language runs (run_checks, shared by vf-train and `vf-rl --dry-run`):
+the processor is there, prompts fit max_prompt_len with their image tokens counted, LoRA
+targets exist in the language model, and an image environment needs a VLM."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from vfkit.errors import ConfigError
+from vfkit.testing.tiny_vlm import IMAGE_TOKENS_PER_IMAGE, make_tiny_vlm
+from vfkit.train.data import prompt_length
+from vfkit.train.run_checks import Check, require_static_checks, static_checks
+from vfkit.train.vision import load_processor
+
+
+@pytest.fixture(autouse=True)
+def _train_envs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "fixtures" / "train_envs"))
+
+
+@pytest.fixture(scope="module")
+def vlm_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_vlm(tmp_path_factory.mktemp("tiny-vlm"))
+
+
+def checks(model: Path, tmp: Path, *overrides: str) -> dict[str, Check]:
+    import train_testing
+
+    cfg = train_testing.tiny_config(model, tmp, "", 'env.id="train-image-colour"',
+                                    "trainer.args.batch_size=8", *overrides)
+    return {c.name: c for c in static_checks(cfg, server=False)[0]}
+
+
+def failed(found: dict[str, Check]) -> list[Check]:
+    return [c for c in found.values() if not c.ok]
+
+
+def test_a_good_vlm_config_passes(vlm_path: Path, tmp_path: Path) -> None:
+    found = checks(vlm_path, tmp_path)
+    assert failed(found) == []
+    assert "LlavaProcessor" in found["processor"].detail
+    assert "language model (model.language_model)" in found["lora"].detail
+    import train_image_colour
+
+    text = prompt_length(load_processor(vlm_path), [{"role": "user", "content": "Colour?"}])
+    want = text + IMAGE_TOKENS_PER_IMAGE  # the <image> placeholder expands to 16 tokens
+    assert prompt_length(load_processor(vlm_path), train_image_colour.colour_prompt("red")) == want
+    assert f"prompts {want}-{want} tokens with image tokens" in found["environment"].detail
+
+
+def test_prompts_must_fit_max_prompt_len_with_their_image_tokens(
+    vlm_path: Path, tmp_path: Path
+) -> None:
+    # the text alone (1 placeholder) is far shorter than 30 tokens; expanded, it is not
+    (bad,) = failed(checks(vlm_path, tmp_path, "trainer.args.max_prompt_len=30"))
+    assert bad.name == "environment"
+    assert "trainer.args.max_prompt_len=30" in bad.detail and "with image tokens" in bad.detail
+
+
+def test_a_vlm_folder_without_its_processor_is_named(vlm_path: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "no-processor"
+    shutil.copytree(vlm_path, folder)
+    (folder / "processor_config.json").unlink()
+    found = checks(folder, tmp_path)
+    assert not found["processor"].ok
+    assert str(folder) in found["processor"].detail
+    assert "processor.save_pretrained" in found["processor"].detail
+
+
+def test_lora_targets_must_be_in_the_language_model(vlm_path: Path, tmp_path: Path) -> None:
+    # fc1 is a layer of the CLIP vision tower only: frozen unless lora_train_vision
+    (bad,) = failed(checks(vlm_path, tmp_path, 'trainer.args.lora_target_modules=["fc1"]'))
+    assert bad.name == "lora" and "trainer.args.lora_target_modules" in bad.detail
+    assert "lora_train_vision = true" in bad.detail and "q_proj" in bad.detail
+    found = checks(vlm_path, tmp_path, 'trainer.args.lora_target_modules=["fc1"]',
+                   "trainer.args.lora_train_vision=true")
+    assert failed(found) == [] and "fc1" in found["lora"].detail
+    (bad,) = failed(checks(vlm_path, tmp_path, 'trainer.args.lora_target_modules=["qq_proj"]'))
+    assert "'qq_proj' is no module" in bad.detail
+
+
+def test_an_image_environment_needs_a_vision_language_model(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
+    import train_testing
+
+    cfg = train_testing.tiny_config(tiny_model_path, tmp_path, "", 'env.id="train-image-colour"',
+                                    "trainer.args.batch_size=8")
+    with pytest.raises(ConfigError, match="text-only model") as err:
+        require_static_checks(cfg, server=False)
+    assert "env.id = 'train-image-colour'" in str(err.value)
