@@ -17,3 +17,11 @@ def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from vfkit.testing.tiny_model import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture(scope="session")
+def vlm_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny LLaVA (random weights, byte tokenizer + <image>, 32 px CLIP) with its processor."""
+    from vfkit.testing.tiny_vlm import make_tiny_vlm
+
+    return make_tiny_vlm(tmp_path_factory.mktemp("tiny-vlm"))

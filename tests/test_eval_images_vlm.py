@@ -12,7 +12,6 @@ from __future__ import annotations
 import itertools
 import json
 import sys
-from pathlib import Path
 
 import openai
 import pytest
@@ -23,17 +22,12 @@ import vfkit as vf
 from vfkit.images import image_part, load_image, message_image_urls
 from vfkit.serve.config import ServeConfig
 from vfkit.serve.runner import BackgroundServer
-from vfkit.testing.tiny_vlm import IMAGE_TOKEN, IMAGE_TOKENS_PER_IMAGE, make_tiny_vlm
+from vfkit.testing.tiny_vlm import IMAGE_TOKEN, IMAGE_TOKENS_PER_IMAGE
 
 sys.path.insert(0, str(ENV_DIRS[1]))
 import vfkit_zoom as zoom  # after the path line above
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def vlm_path(tmp_path_factory) -> Path:
-    return make_tiny_vlm(tmp_path_factory.mktemp("tiny-vlm"))
 
 
 @pytest.mark.parametrize("env_id", ["shapes", "zoom"])

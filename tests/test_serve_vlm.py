@@ -17,7 +17,7 @@ from vfkit.images import image_part
 from vfkit.lora_fingerprint import fingerprint_dir
 from vfkit.serve.config import ServeConfig
 from vfkit.serve.runner import BackgroundServer
-from vfkit.testing.tiny_vlm import IMAGE_TOKEN, IMAGE_TOKENS_PER_IMAGE, make_tiny_vlm
+from vfkit.testing.tiny_vlm import IMAGE_TOKEN, IMAGE_TOKENS_PER_IMAGE
 
 RED, BLUE = (230, 20, 20), (20, 20, 230)
 
@@ -32,11 +32,6 @@ def picture(color, size=40):
 def user(*parts):
     return {"role": "user", "content": [p if isinstance(p, dict) else {"type": "text", "text": p}
                                         for p in parts]}  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def vlm_path(tmp_path_factory):
-    return make_tiny_vlm(tmp_path_factory.mktemp("tiny-vlm"))
 
 
 @pytest.fixture(scope="module")

@@ -10,27 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from vfkit.train.loop import StopFlag
 from vfkit.train.phases import train
 
 torch.set_num_threads(1)
 
 LORA_WITH_HEAD = '["q_proj","k_proj","v_proj","o_proj","gate_proj","up_proj","down_proj","lm_head"]'
-
-
-class StopWhenLearned(StopFlag):
-    """Stops the run once the last 3 steps all scored above `target` (like one SIGINT)."""
-
-    def __init__(self, run_dir: Path, target: float) -> None:
-        super().__init__()
-        self.path, self.target = run_dir / "metrics.jsonl", target
-
-    def __call__(self) -> bool:
-        if not self.path.exists():
-            return False
-        rewards = [json.loads(line).get("reward/mean", 0.0)
-                   for line in self.path.read_text().splitlines()]
-        return len(rewards) >= 3 and min(rewards[-3:]) > self.target
 
 
 @pytest.mark.slow
@@ -52,7 +36,7 @@ def test_tiny_model_learns_a_trivial_reward_through_the_embedded_server(
         "trainer.args.mask_ratio_high=8.0", "trainer.args.adapter_probe_tolerance=1e-3",
         f"trainer.args.lora_target_modules={LORA_WITH_HEAD}",
     )
-    run_dir = train(cfg, stop=StopWhenLearned(tmp_path / cfg.run_name, 0.8))
+    run_dir = train(cfg, stop=train_testing.StopWhenLearned(tmp_path / cfg.run_name, 0.8))
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert rows[0]["reward/mean"] < 0.1  # near 0 at the start
     assert min(m["reward/mean"] for m in rows[-3:]) > 0.8, [m["reward/mean"] for m in rows]

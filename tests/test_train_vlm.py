@@ -15,7 +15,7 @@ from PIL import Image
 from transformers import AutoModelForImageTextToText
 
 from vfkit.images import image_part
-from vfkit.testing.tiny_vlm import IMAGE_TOKENS_PER_IMAGE, make_tiny_vlm
+from vfkit.testing.tiny_vlm import IMAGE_TOKENS_PER_IMAGE
 from vfkit.train.batching import micro_batches
 from vfkit.train.data import prompt_length, read_rollouts, write_rollouts
 from vfkit.train.learner import Learner
@@ -30,11 +30,6 @@ LANGUAGE = "model.language_model."
 @pytest.fixture(autouse=True)
 def _train_envs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(Path(__file__).parent / "fixtures" / "train_envs"))
-
-
-@pytest.fixture(scope="module")
-def vlm_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_vlm(tmp_path_factory.mktemp("tiny-vlm"))
 
 
 def learner(model: Path, tmp: Path, *overrides: str) -> Learner:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from vfkit.errors import ConfigError
-from vfkit.testing.tiny_vlm import IMAGE_TOKENS_PER_IMAGE, make_tiny_vlm
+from vfkit.testing.tiny_vlm import IMAGE_TOKENS_PER_IMAGE
 from vfkit.train.data import prompt_length
 from vfkit.train.run_checks import Check, require_static_checks, static_checks
 from vfkit.train.vision import load_processor
@@ -19,11 +19,6 @@ from vfkit.train.vision import load_processor
 @pytest.fixture(autouse=True)
 def _train_envs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(Path(__file__).parent / "fixtures" / "train_envs"))
-
-
-@pytest.fixture(scope="module")
-def vlm_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_vlm(tmp_path_factory.mktemp("tiny-vlm"))
 
 
 def checks(model: Path, tmp: Path, *overrides: str) -> dict[str, Check]:

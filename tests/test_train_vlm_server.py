@@ -14,7 +14,6 @@ import torch
 import vfkit as vf
 from vfkit.serve.config import ServeConfig
 from vfkit.serve.runner import BackgroundServer
-from vfkit.testing.tiny_vlm import make_tiny_vlm
 from vfkit.train.learner import Learner
 from vfkit.train.loop import StopFlag
 from vfkit.train.phases import collect_rollouts, train
@@ -30,28 +29,8 @@ def _train_envs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(Path(__file__).parent / "fixtures" / "train_envs"))
 
 
-@pytest.fixture(scope="module")
-def vlm_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_vlm(tmp_path_factory.mktemp("tiny-vlm"))
-
-
 def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-class StopWhenLearned(StopFlag):
-    """Stops the run once the last 3 steps all scored above `target` (like one SIGINT)."""
-
-    def __init__(self, run_dir: Path, target: float) -> None:
-        super().__init__()
-        self.path, self.target = run_dir / "metrics.jsonl", target
-
-    def __call__(self) -> bool:
-        if not self.path.exists():
-            return False
-        rewards = [json.loads(line).get("reward/mean", 0.0)
-                   for line in self.path.read_text().splitlines()]
-        return len(rewards) >= 3 and min(rewards[-3:]) > self.target
 
 
 def colour_config(model: Path, out: Path, *overrides: str):
@@ -81,7 +60,9 @@ def test_tiny_vlm_learns_an_image_conditioned_reward_through_the_embedded_server
         'trainer.args.lora_target_modules=["q_proj","k_proj","v_proj","o_proj","gate_proj",'
         '"up_proj","down_proj","lm_head"]',
     )
-    run_dir = train(cfg, stop=StopWhenLearned(tmp_path / cfg.run_name, 0.8))
+    import train_testing
+
+    run_dir = train(cfg, stop=train_testing.StopWhenLearned(tmp_path / cfg.run_name, 0.8))
     rows = metrics(run_dir)
     rewards = [m["reward/mean"] for m in rows]
     assert rows[0]["reward/mean"] < 0.1, rewards  # the random model rarely writes r or b

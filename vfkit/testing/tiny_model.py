@@ -13,6 +13,15 @@ from pathlib import Path
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
+# An assistant turn's tool calls, Hermes-style (shared with tiny_vlm's template).
+TOOL_CALLS = (
+    "{% for call in message.tool_calls or [] %}"
+    '<tool_call>{"name": "{{ call.function.name }}", "arguments": '
+    "{{ call.function.arguments if call.function.arguments is string "
+    "else call.function.arguments | tojson }}}</tool_call>"
+    "{% endfor %}"
+)
+
 # ChatML with Hermes-style tools, the shape SmolLM2/Qwen templates use.
 CHAT_TEMPLATE = (
     "{% if tools %}<|im_start|>system\n"
@@ -27,11 +36,8 @@ CHAT_TEMPLATE = (
     "<|im_start|>user\n<tool_response>\n{{ message.content }}\n</tool_response><|im_end|>\n"
     "{% else %}<|im_start|>{{ message.role }}\n"
     "{% if message.content %}{{ message.content }}{% endif %}"
-    "{% for call in message.tool_calls or [] %}"
-    '<tool_call>{"name": "{{ call.function.name }}", "arguments": '
-    "{{ call.function.arguments if call.function.arguments is string "
-    "else call.function.arguments | tojson }}}</tool_call>"
-    "{% endfor %}<|im_end|>\n{% endif %}"
+    + TOOL_CALLS
+    + "<|im_end|>\n{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )

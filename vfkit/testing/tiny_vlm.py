@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from vfkit.testing.tiny_model import SPECIAL_TOKENS, make_tokenizer
+from vfkit.testing.tiny_model import SPECIAL_TOKENS, TOOL_CALLS, make_tokenizer
 
 IMAGE_TOKEN = "<image>"
 IMAGE_SIZE = 32
@@ -40,11 +40,8 @@ CHAT_TEMPLATE = (
     "<|im_start|>user\n<tool_response>\n{{ render(message.content) }}\n</tool_response><|im_end|>\n"
     "{% else %}<|im_start|>{{ message.role }}\n"
     "{% if message.content %}{{ render(message.content) }}{% endif %}"
-    "{% for call in message.tool_calls or [] %}"
-    '<tool_call>{"name": "{{ call.function.name }}", "arguments": '
-    "{{ call.function.arguments if call.function.arguments is string "
-    "else call.function.arguments | tojson }}}</tool_call>"
-    "{% endfor %}<|im_end|>\n{% endif %}"
+    + TOOL_CALLS
+    + "<|im_end|>\n{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
