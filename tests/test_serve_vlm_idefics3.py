@@ -11,49 +11,13 @@ from PIL import Image
 from vfkit.images import image_part
 from vfkit.serve.config import ServeConfig
 from vfkit.serve.runner import BackgroundServer
-
-IMAGE_SEQ_LEN = 4  # (32 / 8)^2 patches, merged 2x2 by the connector (scale_factor 2)
+from vfkit.testing.tiny_vlm import IDEFICS3_IMAGE_SEQ_LEN as IMAGE_SEQ_LEN
+from vfkit.testing.tiny_vlm import make_tiny_idefics3
 
 
 @pytest.fixture(scope="module")
 def idefics3_path(tmp_path_factory):
-    """A tiny random Idefics3 with its processor (no image splitting, 32 px images)."""
-    from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor
-    from transformers.models.idefics3.image_processing_pil_idefics3 import (
-        Idefics3ImageProcessorPil,
-    )
-
-    from vfkit.testing.tiny_model import SPECIAL_TOKENS, make_tokenizer
-    from vfkit.testing.tiny_vlm import CHAT_TEMPLATE
-
-    tokenizer = make_tokenizer()
-    extra = ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>"]
-    tokenizer.add_special_tokens({"additional_special_tokens": [*SPECIAL_TOKENS, *extra]})
-    edge = {"longest_edge": 32}
-    processor = Idefics3Processor(
-        image_processor=Idefics3ImageProcessorPil(
-            do_image_splitting=False, size=edge, max_image_size=edge
-        ),
-        tokenizer=tokenizer, image_seq_len=IMAGE_SEQ_LEN, chat_template=CHAT_TEMPLATE,
-    )  # fmt: skip
-    config = Idefics3Config(
-        text_config={
-            "model_type": "llama", "vocab_size": len(tokenizer), "hidden_size": 64,
-            "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-            "num_key_value_heads": 2, "max_position_embeddings": 512,
-            "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
-            "pad_token_id": tokenizer.pad_token_id,
-        },
-        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-                       "num_attention_heads": 2, "image_size": 32, "patch_size": 8},
-        scale_factor=2, image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
-        tie_word_embeddings=False,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("tiny-idefics3")
-    Idefics3ForConditionalGeneration(config).save_pretrained(path)
-    processor.save_pretrained(path)
-    return path
+    return make_tiny_idefics3(tmp_path_factory.mktemp("tiny-idefics3"))
 
 
 def test_two_images_n_samples_equal_the_models_forward(idefics3_path):

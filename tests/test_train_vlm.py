@@ -246,3 +246,32 @@ def test_saved_adapters_hold_lora_tensors_only(vlm_path: Path, tmp_path: Path) -
     names = list(load_file(lrn.save_adapter(1) / "adapter_model.safetensors"))
     assert any("lm_head.lora_A" in n for n in names)
     assert [n for n in names if ".lora_" not in n] == []
+
+
+def test_idefics3_image_stacks_of_different_sizes_share_a_micro_batch(tmp_path: Path) -> None:
+    """SmolVLM's layout: one image stack per prompt, padded to the longest; each sample's
+    logprobs in the shared micro-batch equal those it gets alone (padding images drop out)."""
+    from vfkit.testing.tiny_vlm import make_tiny_idefics3
+
+    lrn = learner(make_tiny_idefics3(tmp_path / "idefics3"), tmp_path)
+    proc = lrn.processor
+    one = state(turn(proc, [user(RED)], "red"))
+    two = state(turn(proc, [user(BLUE, RED)], "blue"), advantage=-1.0)
+    text = state(turn(proc, [{"role": "user", "content": "Colour?"}], "no"))
+    samples, counts = build_samples([[one, two, text]], max_seq_len=400, mask_truncated=False,
+                                    images=lrn.images)
+    assert len(samples) == 3 and counts.bad_images == 0
+    (mb,) = micro_batches(samples, 3, lrn.pad_id, images=lrn.images)
+    assert tuple(mb.vision["pixel_values"].shape)[:2] == (2, 2)  # 2 prompts, padded to 2 images
+    model = lrn.peft_model
+    with torch.no_grad():
+        together, _ = token_logprobs(model, mb.input_ids_BT, mb.attention_mask_BT, 1.0,
+                                     vision=mb.vision)
+        order = sorted(range(3), key=lambda i: (-len(samples[i]), i))  # the batcher's row order
+        for row, sample in enumerate(samples[i] for i in order):
+            (alone_mb,) = micro_batches([sample], 1, lrn.pad_id, images=lrn.images)
+            alone, _ = token_logprobs(model, alone_mb.input_ids_BT, alone_mb.attention_mask_BT,
+                                      1.0, vision=alone_mb.vision)
+            n = alone.shape[1]
+            torch.testing.assert_close(together[row, :n], alone[0], atol=1e-4, rtol=0)
+    assert lrn.update(samples)["grad_norm"] > 0

@@ -5,6 +5,7 @@ downloaded VLMs:
 
     path = make_tiny_vlm("/tmp/tiny-vlm")    # config, weights, tokenizer, image processor
     AutoModelForImageTextToText.from_pretrained(path); AutoProcessor.from_pretrained(path)
+    make_tiny_idefics3("/tmp/tiny-idefics3")  # SmolVLM's architecture: 5-D pixel_values
 
 The language model is a tiny Llama over the byte tokenizer of `tiny_model`, plus one `<image>`
 token; the vision tower is a one-layer CLIP on 32×32 images (8×8 patches: 16 image tokens per
@@ -117,6 +118,58 @@ def make_tiny_vlm(
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
+    processor.save_pretrained(path)
+    marker.write_text(json.dumps(spec))
+    return path
+
+
+IDEFICS3_IMAGE_SEQ_LEN = 4  # (32 / 8)^2 patches, merged 2x2 by the connector (scale_factor 2)
+
+
+def make_tiny_idefics3(path: str | Path, *, seed: int = 0) -> Path:
+    """Write a tiny random Idefics3 (SmolVLM's architecture) and its processor to `path`.
+
+    No image splitting, 32 px images, IDEFICS3_IMAGE_SEQ_LEN tokens per image; its processor
+    returns per-prompt image stacks (pixel_values B x N x C x H x W, pixel_attention_mask).
+    """
+    import torch
+    from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor
+    from transformers.models.idefics3.image_processing_pil_idefics3 import (
+        Idefics3ImageProcessorPil,
+    )
+
+    path = Path(path)
+    marker = path / "tiny_vlm.json"
+    spec = {"kind": "idefics3", "seed": seed}
+    if marker.exists() and json.loads(marker.read_text()) == spec:
+        return path
+    tokenizer = make_tokenizer()
+    extra = ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>"]
+    tokenizer.add_special_tokens({"additional_special_tokens": [*SPECIAL_TOKENS, *extra]})
+    edge = {"longest_edge": IMAGE_SIZE}
+    processor = Idefics3Processor(
+        image_processor=Idefics3ImageProcessorPil(
+            do_image_splitting=False, size=edge, max_image_size=edge
+        ),
+        tokenizer=tokenizer, image_seq_len=IDEFICS3_IMAGE_SEQ_LEN, chat_template=CHAT_TEMPLATE,
+    )  # fmt: skip
+    config = Idefics3Config(
+        text_config={
+            "model_type": "llama", "vocab_size": len(tokenizer), "hidden_size": 64,
+            "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "max_position_embeddings": 512,
+            "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
+            "pad_token_id": tokenizer.pad_token_id,
+        },
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                       "num_attention_heads": 2, "image_size": IMAGE_SIZE,
+                       "patch_size": PATCH_SIZE},
+        scale_factor=2, image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+        tie_word_embeddings=False,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    path.mkdir(parents=True, exist_ok=True)
+    Idefics3ForConditionalGeneration(config).save_pretrained(path)
     processor.save_pretrained(path)
     marker.write_text(json.dumps(spec))
     return path

@@ -100,9 +100,20 @@ class ImageInputs:
 
     def collate(self, encoded: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         """One micro-batch's vision inputs: each key concatenated on dim 0, in sample order
-        (the model fills the batch's image tokens with image features in that same order)."""
+        (the model fills the batch's image tokens with image features in that same order).
+
+        Idefics3/SmolVLM-style processors give each prompt a stack of images (pixel_values
+        1 x N x C x H x W, pixel_attention_mask 1 x N x H x W): stacks of different N are
+        zero-padded to the longest, and the model drops all-zero padding images itself.
+        """
         keys = sorted({k for tensors in encoded for k in tensors})
-        return {k: torch.cat([t[k] for t in encoded if k in t]) for k in keys}
+        out = {}
+        for k in keys:
+            parts = [t[k] for t in encoded if k in t]
+            if _per_prompt_stack(k, parts[0]):
+                parts = _pad_dim1(parts)
+            out[k] = torch.cat(parts)
+        return out
 
     def token_inputs(self, input_ids_BT: torch.Tensor) -> dict[str, torch.Tensor]:
         """Per-token inputs some VLMs need beside the ids (Qwen-VL: mm_token_type_ids)."""
@@ -134,3 +145,18 @@ class ImageInputs:
         out = self.processor(text=[text], images=images, add_special_tokens=False)
         return len(out["input_ids"][0])
 
+
+
+def _per_prompt_stack(key: str, tensor: torch.Tensor) -> bool:
+    """Is this input one image stack per prompt (Idefics3: dim 0 prompts, dim 1 images)?"""
+    return (key == "pixel_values" and tensor.dim() == 5) or key == "pixel_attention_mask"
+
+
+def _pad_dim1(parts: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Zero-pad each tensor's dim 1 to the longest (padding images are all zeros)."""
+    longest = max(p.shape[1] for p in parts)
+    padded = []
+    for p in parts:
+        pad = p.new_zeros((p.shape[0], longest - p.shape[1], *p.shape[2:]))
+        padded.append(torch.cat([p, pad], dim=1))
+    return padded
