@@ -178,14 +178,21 @@ def test_corrupt_image_rollouts_are_dropped_and_counted(vlm_path: Path, tmp_path
 
 
 # ----------------------------------------------------------------------------- batches, loss
-def test_micro_batches_carry_vision_inputs_to_the_forward(vlm_path: Path, tmp_path: Path) -> None:
-    lrn = learner(vlm_path, tmp_path, "trainer.args.micro_batch_size=4")
+def one_two_and_no_images(lrn: Learner) -> list:
+    """Three samples: one image, two images, none (all kept: placeholders match)."""
     proc = lrn.processor
     one = state(turn(proc, [user(RED)], "red"))
     two = state(turn(proc, [user(BLUE, RED)], "blue"), advantage=-1.0)
     text = state(turn(proc, [{"role": "user", "content": "Colour?"}], "no"))
-    samples, _ = build_samples([[one, two, text]], max_seq_len=400, mask_truncated=False,
-                               images=lrn.images)
+    samples, counts = build_samples([[one, two, text]], max_seq_len=400, mask_truncated=False,
+                                    images=lrn.images)
+    assert len(samples) == 3 and counts.bad_images == 0
+    return samples
+
+
+def test_micro_batches_carry_vision_inputs_to_the_forward(vlm_path: Path, tmp_path: Path) -> None:
+    lrn = learner(vlm_path, tmp_path, "trainer.args.micro_batch_size=4")
+    samples = one_two_and_no_images(lrn)
     (mb,) = micro_batches(samples, 4, lrn.pad_id, images=lrn.images)
     assert tuple(mb.vision["pixel_values"].shape) == (3, 3, 32, 32)  # 2 + 1 + 0 images
     # the images reach the forward: the same ids with other pixels give other logprobs
@@ -254,13 +261,7 @@ def test_idefics3_image_stacks_of_different_sizes_share_a_micro_batch(tmp_path: 
     from vfkit.testing.tiny_vlm import make_tiny_idefics3
 
     lrn = learner(make_tiny_idefics3(tmp_path / "idefics3"), tmp_path)
-    proc = lrn.processor
-    one = state(turn(proc, [user(RED)], "red"))
-    two = state(turn(proc, [user(BLUE, RED)], "blue"), advantage=-1.0)
-    text = state(turn(proc, [{"role": "user", "content": "Colour?"}], "no"))
-    samples, counts = build_samples([[one, two, text]], max_seq_len=400, mask_truncated=False,
-                                    images=lrn.images)
-    assert len(samples) == 3 and counts.bad_images == 0
+    samples = one_two_and_no_images(lrn)
     (mb,) = micro_batches(samples, 3, lrn.pad_id, images=lrn.images)
     assert tuple(mb.vision["pixel_values"].shape)[:2] == (2, 2)  # 2 prompts, padded to 2 images
     model = lrn.peft_model
