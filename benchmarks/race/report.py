@@ -32,7 +32,8 @@ def write_report(
     }
     (out / "points.json").write_text(json.dumps(points, indent=1))
     lines = [f"Budget {args['budget_s']:g} s per leg, snapshot every "
-             f"{args['snapshot_every_s']:g} s, {args['eval_n']} held-out prompts, greedy.", ""]
+             f"{args['snapshot_every_s']:g} s, {args['eval_n']} held-out prompts, greedy, "
+             f"{args['eval_dtype']} evaluator.", ""]
     for env_id, base in bases.items():
         env_legs = [leg for leg in points["legs"] if leg["env"] == env_id]
         plot_env(out / f"{env_id}.png", env_id, env_legs, base["reward"])
@@ -68,8 +69,8 @@ def quote(text: str, limit: int = 80) -> str:
 
 
 def grid(legs: list[dict], key: str, column: str, title: str, show_steps: bool) -> list[str]:
-    """One row per system, one column per distinct `column` value of the `key` snapshots."""
-    values = sorted({s[column] for leg in legs for s in leg.get(key, [])})
+    """One row per system, one column per distinct `column` value of the scored `key` snapshots."""
+    values = sorted({s[column] for leg in legs for s in leg.get(key, []) if "reward" in s})
     rows = ["| system | " + " | ".join(title.format(v) for v in values) + " |",
             "|---" * (len(values) + 1) + "|"]
     for system in ("vfkit", "trl"):

@@ -147,6 +147,17 @@ def test_snapshots_copy_the_newest_adapter_at_each_tick(tmp_path: Path) -> None:
         assert config["step"] == snap["step"] and snap["t_s"] <= 1.2 + 0.3
 
 
+def test_equal_step_points_are_the_steps_every_system_of_the_seed_reached() -> None:
+    from benchmarks.race.run import shared_steps
+
+    fast = {"step_snapshots": [{"step": n} for n in (10, 20, 30, 40, 50)]}
+    slow = {"step_snapshots": [{"step": n} for n in (10, 20, 30)]}
+    crashed = {"snapshots": [], "steps": [], "error": "boom"}
+    assert shared_steps([fast, slow]) == {10, 20, 30}
+    assert shared_steps([fast, slow, crashed]) == set()
+    assert shared_steps([fast]) == {10, 20, 30, 40, 50}
+
+
 def test_scores_are_reused_only_when_taken_the_same_way(tmp_path: Path) -> None:
     from benchmarks.race.run import score_env
     from vfkit.testing.tiny_model import make_tiny_model
@@ -156,7 +167,7 @@ def test_scores_are_reused_only_when_taken_the_same_way(tmp_path: Path) -> None:
                model=model, config=str(REPO / "configs" / "exp.toml"), out=str(tmp_path / "l"),
                overrides=["trainer.args.max_tokens=4"])
     same = {"task_reward": vf.load_environment("reverse-text").rubric.get_reward_func_names()[0],
-            "eval_n": 2}
+            "eval_n": 2, "dtype": "bfloat16"}
     kept = {"t_s": 5, "step": 0, "path": None, "reward": 0.5, "scored_with": same}
     stale = {"t_s": 10, "step": 0, "path": None, "reward": 0.99,
              "scored_with": {**same, "task_reward": "an_older_reward"}}

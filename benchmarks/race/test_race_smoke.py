@@ -42,7 +42,12 @@ def test_tiny_race_writes_scored_snapshots_curves_and_table(tmp_path: Path) -> N
         assert leg["steps"][-1][0] <= 24.5  # no step counted after the budget
         steps = [s["step"] for s in leg["step_snapshots"]]
         assert steps and all(n % 2 == 0 for n in steps)
-        assert all("reward" in s for s in leg["step_snapshots"])
+    # equal-step points are scored where both systems got to, and only there
+    vfkit, trl = ({s["step"]: s for s in leg["step_snapshots"]} for leg in points["legs"])
+    assert set(vfkit) & set(trl)
+    for snaps, other in ((vfkit, trl), (trl, vfkit)):
+        for step, snap in snaps.items():
+            assert ("reward" in snap) == (step in other), (step, snap)
     assert 0.0 <= points["base"]["reverse-text"]["reward"] <= 1.0
     assert (out / "reverse-text.png").stat().st_size > 10_000
     table = (out / "results.md").read_text()
