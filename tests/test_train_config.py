@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -40,6 +41,21 @@ def test_defaults() -> None:
     assert cfg.args.async_level == 1 and cfg.args.loss_type == "grpo"
     assert cfg.run_name == "reverse-text--m"
     assert cfg.args.clip_high == cfg.args.epsilon  # epsilon_high defaults to epsilon
+
+
+def test_async_level_default_is_what_the_machine_can_overlap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for cores, level in (({0, 1}, 1), ({0}, 0)):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid, cores=cores: cores)
+        assert parse_config(BASE).args.async_level == level
+        text = BASE + "[trainer.args]\nasync_level = 2\n"
+        assert parse_config(text).args.async_level == 2  # the config's value always wins
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert parse_config(BASE).args.async_level == 1  # one core, but the GPU does the work
 
 
 def test_unknown_key_names_line_and_nearest_key() -> None:
