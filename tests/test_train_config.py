@@ -56,6 +56,11 @@ def test_async_level_default_is_what_the_machine_can_overlap(
         assert parse_config(text).args.async_level == 2  # the config's value always wins
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert parse_config(BASE).args.async_level == 1  # one core, but the GPU does the work
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delattr(os, "sched_getaffinity")  # macOS, Windows: the core count instead
+    for count, level in ((8, 1), (1, 0), (None, 0)):
+        monkeypatch.setattr(os, "cpu_count", lambda count=count: count)
+        assert parse_config(BASE).args.async_level == level
 
 
 def test_unknown_key_names_line_and_nearest_key() -> None:

@@ -336,12 +336,13 @@ def machine_async_level() -> int:
     """The default policy lag: 1 where the next batch can generate while this one trains, else 0.
 
     With a GPU, or two or more CPU cores to split between a local server and the trainer, the
-    overlap hides the generation time (on a 2-core CPU: ~4.5 s of a ~11 s step for SmolLM2 on
-    exp.toml). On one core and no GPU the two would only take turns on that core: no step gets
-    faster, and every batch would come from a policy one step older. (A server on another
-    machine overlaps anyway: set `async_level = 1` for it.)
+    overlap hides the generation time (measured on a 2-core CPU, SmolLM2 on exp.toml: 3.8-4.7 s
+    of a 6-8 s step, benchmarks/RESULTS.md). On one core and no GPU the two would only take
+    turns on that core: no step gets faster, and every batch would come from a policy one step
+    older. (A server on another machine overlaps anyway: set `async_level = 1` for it.)
     """
-    if len(os.sched_getaffinity(0)) >= 2:
+    usable = getattr(os, "sched_getaffinity", None)  # Linux; macOS and Windows lack it
+    if (len(usable(0)) if usable else os.cpu_count() or 1) >= 2:
         return 1
     import torch  # only on a one-core machine: a config load should not pay for the import
 
