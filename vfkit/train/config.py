@@ -114,6 +114,23 @@ class InferenceConfig(Section):
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 
+def machine_async_level() -> int:
+    """The default policy lag: 1 where the next batch can generate while this one trains, else 0.
+
+    With a GPU, or two or more CPU cores to split between a local server and the trainer, the
+    overlap hides the generation time (measured on a 2-core CPU, SmolLM2 on exp.toml: 3.8-4.7 s
+    of a 6-8 s step, benchmarks/RESULTS.md). On one core and no GPU the two would only take
+    turns on that core: no step gets faster, and every batch would come from a policy one step
+    older. (A server on another machine overlaps anyway: set `async_level = 1` for it.)
+    """
+    usable = getattr(os, "sched_getaffinity", None)  # Linux; macOS and Windows lack it
+    if (len(usable(0)) if usable else os.cpu_count() or 1) >= 2:
+        return 1
+    import torch  # only on a one-core machine: a config load should not pay for the import
+
+    return 1 if torch.cuda.is_available() else 0
+
+
 class TrainerArgs(Section):
     # --- rollouts
     rollouts_per_example: int = Field(8, ge=2)
@@ -140,7 +157,7 @@ class TrainerArgs(Section):
     """Min-p sampling; 0 = off."""
     repetition_penalty: float = Field(1.0, gt=0)
     """Repetition penalty (1 = off)."""
-    async_level: int = Field(default_factory=lambda: machine_async_level(), ge=0, le=8)
+    async_level: int = Field(default_factory=machine_async_level, ge=0, le=8)
     """Policy lag: batch k is sampled by the adapter of step k-1-async_level (0 = on-policy).
     Default: what this machine can overlap (`machine_async_level`)."""
     max_concurrent: int = Field(-1, ge=-1)
@@ -331,19 +348,3 @@ def gpu_count(gpus: int | list[int]) -> int:
     """Number of devices a `gpus` value names."""
     return len(gpus) if isinstance(gpus, list) else gpus
 
-
-def machine_async_level() -> int:
-    """The default policy lag: 1 where the next batch can generate while this one trains, else 0.
-
-    With a GPU, or two or more CPU cores to split between a local server and the trainer, the
-    overlap hides the generation time (measured on a 2-core CPU, SmolLM2 on exp.toml: 3.8-4.7 s
-    of a 6-8 s step, benchmarks/RESULTS.md). On one core and no GPU the two would only take
-    turns on that core: no step gets faster, and every batch would come from a policy one step
-    older. (A server on another machine overlaps anyway: set `async_level = 1` for it.)
-    """
-    usable = getattr(os, "sched_getaffinity", None)  # Linux; macOS and Windows lack it
-    if (len(usable(0)) if usable else os.cpu_count() or 1) >= 2:
-        return 1
-    import torch  # only on a one-core machine: a config load should not pay for the import
-
-    return 1 if torch.cuda.is_available() else 0
