@@ -158,6 +158,36 @@ def test_merged_and_peft_paths_agree(tiny_model_path, adapters):
     assert (outs[True][0] - outs[True][1]).abs().max() > 1e-2  # the adapter does change logits
 
 
+def test_bf16_serving_keeps_a_small_update(tiny_model_path, tmp_path):
+    """A few RL steps change W by less than half a bf16 step: served in bf16, that update must
+    still move the logits as it does in fp32 (merged into bf16 weights, it was rounded away)."""
+    from vfkit.serve.lora import LoraManager
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    peft = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS,
+                                            init_lora_weights=False))
+    weights = [m for n, m in peft.named_parameters() if "lora_B" in n]
+    with torch.no_grad():
+        for b in weights:  # s·B·A elements ~1e-5: well under half a bf16 step of W (~1e-4)
+            b.mul_(1e-4 / b.abs().max())
+    peft.save_pretrained(tmp_path / "small")
+    ids = torch.tensor([[1, 5, 9, 14, 2, 7, 30, 41]])
+    with torch.inference_mode():
+        with peft.disable_adapter():
+            base = peft(ids).logits
+        want = peft(ids).logits - base
+    served = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.bfloat16).eval()
+    lora = LoraManager(served, allowed_dirs=[tmp_path])
+    lora.apply_load("small", lora.check_load("small", str(tmp_path / "small"), inplace=False))
+    with torch.inference_mode():
+        got = (lora.forward(["small"], input_ids=ids).logits.float()
+               - lora.forward([None], input_ids=ids).logits.float())
+    assert lora.path_counts["merged"] == 1  # the fast one-adapter path served it
+    assert want.abs().max() > 1e-3  # the update is visible at all
+    assert (got - want).norm() / want.norm() < 0.25
+
+
 def _sync_generate(server, model):
     client = openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0)
     return generate(client, model)
