@@ -15,7 +15,7 @@ def inputs(logprobs, sampling, advantages, mask, **kw) -> LossInputs:
                 "max_tokens": 4}
     return LossInputs(
         logprobs_BT=torch.tensor(logprobs, requires_grad=True),
-        sampling_logprobs_BT=torch.tensor(sampling),
+        old_logprobs_BT=torch.tensor(sampling),
         advantages_B=torch.tensor(advantages),
         mask_BT=torch.tensor(mask),
         **{**defaults, **kw},

@@ -208,6 +208,11 @@ class TrainerArgs(Section):
     """Lower clip range of the importance ratio (1 - epsilon, so at most 1)."""
     epsilon_high: float | None = Field(None, gt=0)
     """Upper clip range (1 + epsilon_high); default: epsilon."""
+    ratio_against: Literal["sampler", "trainer"] = "sampler"
+    """What the clipped ratio is taken against. "sampler": the server's logprobs of the tokens,
+    so the clip also sees the async lag and sampler/trainer rounding. "trainer" (decoupled PPO):
+    the trainer's own logprobs before this step's update, with the lag and mismatch corrected
+    by a separate importance weight trainer/sampler (masked as below)."""
     mask_ratio_low: float = Field(0.125, ge=0)
     """Tokens whose trainer/sampler ratio is below this are masked out of the loss."""
     mask_ratio_high: float = Field(8.0, gt=0)

@@ -65,13 +65,17 @@ def micro_batch_loss(
         ) - logprobs_BT
         kl_BT = torch.exp(log_base_ratio_BT) - log_base_ratio_BT - 1
     total_tokens, total_sequences = totals
+    # decoupled PPO: the clip is measured from the policy before this update (one step per
+    # batch: the trainer's own detached logprobs), the sampler's lag by the importance weight
+    decoupled = args.ratio_against == "trainer"
     out = LOSSES[args.loss_type](
         LossInputs(
-            logprobs_BT=logprobs_BT, sampling_logprobs_BT=sampling_BT,
+            logprobs_BT=logprobs_BT,
+            old_logprobs_BT=logprobs_BT.detach() if decoupled else sampling_BT,
             advantages_B=mb.advantages_B, mask_BT=mask_BT, epsilon_low=args.epsilon,
             epsilon_high=args.clip_high, total_tokens=total_tokens,
             total_sequences=total_sequences, max_tokens=args.max_tokens, kl_BT=kl_BT,
-            beta=args.beta,
+            beta=args.beta, weight_BT=ratio_BT if decoupled else None,
         )
     )
     if loss_mask_BT.sum() > 0:

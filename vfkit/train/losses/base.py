@@ -17,7 +17,7 @@ class LossInputs:
     """
 
     logprobs_BT: torch.Tensor  # trainer logprobs of the sampled tokens (requires grad)
-    sampling_logprobs_BT: torch.Tensor  # the sampler's logprobs of the same tokens
+    old_logprobs_BT: torch.Tensor  # what the ratio and its clip are measured against
     advantages_B: torch.Tensor
     mask_BT: torch.Tensor  # float, 1 on tokens the loss trains on
     epsilon_low: float
@@ -27,10 +27,12 @@ class LossInputs:
     max_tokens: int  # generation budget per turn (Dr. GRPO's constant normalizer)
     kl_BT: torch.Tensor | None = None  # per-token KL to the base model, when beta > 0
     beta: float = 0.0
+    weight_BT: torch.Tensor | None = None
+    """Detached per-token importance weight old/sampler policy (decoupled PPO); None = 1."""
 
     @property
     def log_ratio_BT(self) -> torch.Tensor:
-        return self.logprobs_BT - self.sampling_logprobs_BT
+        return self.logprobs_BT - self.old_logprobs_BT
 
 
 @dataclass
@@ -46,7 +48,12 @@ def ppo_clip(x: LossInputs) -> tuple[torch.Tensor, torch.Tensor]:
     unclipped = ratio_BT * adv_BT
     clipped = torch.clamp(ratio_BT, 1 - x.epsilon_low, 1 + x.epsilon_high) * adv_BT
     per_token_BT = -torch.minimum(unclipped, clipped)
-    return with_kl(per_token_BT, x), (clipped < unclipped).detach()
+    return with_kl(importance_weighted(per_token_BT, x), x), (clipped < unclipped).detach()
+
+
+def importance_weighted(per_token_BT: torch.Tensor, x: LossInputs) -> torch.Tensor:
+    """Times the behaviour importance weight, when the ratio is not taken against the sampler."""
+    return per_token_BT if x.weight_BT is None else per_token_BT * x.weight_BT
 
 
 def with_kl(per_token_BT: torch.Tensor, x: LossInputs) -> torch.Tensor:

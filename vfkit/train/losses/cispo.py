@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from vfkit.train.losses.base import LossInputs, LossOutput, with_kl
+from vfkit.train.losses.base import LossInputs, LossOutput, importance_weighted, with_kl
 
 
 def cispo_loss(x: LossInputs) -> LossOutput:
@@ -18,6 +18,6 @@ def cispo_loss(x: LossInputs) -> LossOutput:
     ratio_BT = torch.exp(x.log_ratio_BT.detach())
     weight_BT = torch.clamp(ratio_BT, 1 - x.epsilon_low, 1 + x.epsilon_high)
     per_token_BT = -weight_BT * x.advantages_B.unsqueeze(-1) * x.logprobs_BT
-    per_token_BT = with_kl(per_token_BT, x)
+    per_token_BT = with_kl(importance_weighted(per_token_BT, x), x)
     clipped_BT = weight_BT != ratio_BT
     return LossOutput((per_token_BT * x.mask_BT).sum() / max(1, x.total_tokens), clipped_BT)
