@@ -63,6 +63,24 @@ def test_cispo_keeps_gradient_of_clipped_tokens() -> None:
     assert x.logprobs_BT.grad.item() == pytest.approx(-1.2)  # d/dlogp of -1.2 * logp
 
 
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "cispo"])
+def test_decoupled_ratio_weights_instead_of_clipping(loss_type: str) -> None:
+    """ratio_against = "trainer": old = the trainer's detached logprobs (ratio 1, no clip);
+    the sampler's ratio 2 becomes a weight: loss -2·A per token, gradient -2 (not 0)."""
+    ln2 = math.log(2.0)
+    logprobs = torch.tensor([[ln2]], requires_grad=True)
+    x = LossInputs(logprobs_BT=logprobs, old_logprobs_BT=logprobs.detach(),
+                   advantages_B=torch.tensor([1.0]), mask_BT=torch.tensor([[1.0]]),
+                   epsilon_low=0.2, epsilon_high=0.2, total_tokens=1, total_sequences=1,
+                   max_tokens=1, weight_BT=torch.tensor([[2.0]]))
+    out = LOSSES[loss_type](x)
+    expected = -2 * ln2 if loss_type == "cispo" else -2.0  # cispo: -w·A·logp; else -w·r·A
+    assert out.loss.item() == pytest.approx(expected, abs=1e-6)
+    assert not out.clipped_BT.any()
+    out.loss.backward()
+    assert logprobs.grad.item() == pytest.approx(-2.0)
+
+
 @pytest.mark.parametrize("loss_type", sorted(LOSSES))
 def test_micro_batches_sum_to_the_whole_batch(loss_type: str) -> None:
     torch.manual_seed(0)

@@ -134,6 +134,15 @@ def _clip(ctx: Ctx) -> None:
     assert wide["clip/frac"] == 0 and narrow["clip/frac"] > high_only["clip/frac"] > 0
 
 
+@check("trainer.args.ratio_against")
+def _ratio_against(ctx: Ctx) -> None:
+    # a tiny epsilon clips nearly every token against the sampler; against the trainer's own
+    # pre-update logprobs the ratio is exactly 1, so nothing is clipped
+    tight = ("trainer.args.epsilon=1e-4", "trainer.args.epsilon_high=1e-4")
+    assert _update(ctx, *tight, 'trainer.args.ratio_against="sampler"')["clip/frac"] > 0.5
+    assert _update(ctx, *tight, 'trainer.args.ratio_against="trainer"')["clip/frac"] == 0
+
+
 @check("trainer.args.mask_ratio_low", "trainer.args.mask_ratio_high")
 def _ratio_mask(ctx: Ctx) -> None:
     assert _update(ctx, "trainer.args.mask_ratio_low=0.0")["mask/ratio_frac"] == 0
