@@ -7,7 +7,8 @@ tensors read from the file, before any cast, and those same tensors go into the 
 server reports is what it serves. Client names may contain "." (`Qwen2.5-0.5B-step1`), which
 PEFT module names cannot, so each adapter gets an internal PEFT name (`vfkit_lora_<n>`).
 A batch whose rows all use one adapter (or none) runs the plain model with that adapter merged
-into its weights (see lora_merge.py); a batch that mixes adapters uses PEFT's per-row
+into its fp32 weights (see lora_merge.py; bf16/fp16 weights run PEFT's unmerged layers, which
+keep a small update that merging would round away); a batch that mixes adapters uses PEFT's per-row
 `adapter_names=` forward, which measured faster than splitting the batch per adapter
 (benchmarks/RESULTS.md).
 """
@@ -107,7 +108,11 @@ class LoraManager(ServedAdapters):
         first = next(model.parameters())
         self._device, self._dtype = first.device, first.dtype
         self._module_names = frozenset(name for name, _ in model.named_modules())
-        self._merge = merge
+        # bf16/fp16 weights are not merged: rounding W + s·B·A to 8 mantissa bits drops most of
+        # an RL step's update, so the sampler lags the trainer (benchmarks/RESULTS.md,
+        # "Ablations"); PEFT's unmerged layers keep it, at about the same cost as any lean
+        # variant of them (measured). fp32 weights merge exactly, so they keep the fast path.
+        self._merge = merge and self._dtype.itemsize >= 4
         self._merged: MergedWeights | None = None
         self._layers_enabled = True
         self.path_counts: Counter[str] = Counter()  # forwards by path, shown by GET /stats
