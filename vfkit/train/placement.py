@@ -25,14 +25,6 @@ LAUNCHER_KWARGS = (
 )
 
 
-# The builtin server on this machine's CPU samples in fp32 for RL unless inference.args.dtype
-# says otherwise. In bf16 it lags the trainer: each step's LoRA update is mostly below bf16's
-# resolution, so the sampler's policy barely follows it and the run learns less per step
-# (reverse-text ablation, benchmarks/RESULTS.md: held-out 0.078 vs 0.037 at step 50). Its
-# generation stays hidden behind training on 2 cores (4.7 s vs 4.0 s of a ~6 s step).
-RL_CPU_SERVER_DTYPE = "float32"
-
-
 def choose_backend(cfg: RunConfig) -> str:
     """auto -> vLLM when CUDA and vllm are both there, else the builtin CPU server."""
     if cfg.inference.backend != "auto":
@@ -98,8 +90,6 @@ def launcher_kwargs(cfg: RunConfig, run: RunDir) -> dict[str, Any]:
     split = cpu_threads(cfg)
     if split and "threads" not in inf.args:
         extra += ["--threads", str(split[0])]
-    if split and "dtype" not in inf.args:
-        kwargs["dtype"] = RL_CPU_SERVER_DTYPE
     if choose_backend(cfg) == "vllm" and "logprobs_mode" not in inf.args:
         # the loss needs the logprobs of the distribution sampled from (after temperature);
         # vLLM returns raw-logit logprobs unless told otherwise
