@@ -4,7 +4,10 @@ The race against TRL (benchmarks/race) compares two systems that are meant to di
 how they gather rollouts. This checks the other half: given one batch, vfkit's update step
 (`vfkit.train.update.micro_batch_loss`, micro-batching included) and TRL's own loss
 (`GRPOTrainer._compute_loss`) must give the same gradient on every LoRA parameter, for the
-loss types both define the same way, on-policy and with a clipped off-policy ratio.
+loss types both define the same way, in three cases: on-policy; clipped against an off-policy
+sampler (`ratio_against = "sampler"`, TRL's `old_per_token_logps`); and decoupled
+(`ratio_against = "trainer"`, the default: TRL's token-level importance-sampling correction of
+a vLLM sampler, `importance_sampling_ratio`).
 
 Prompts have one length: TRL left-pads prompts, and its training forward then gives shorter
 prompts shifted positions (vfkit right-pads; a padding difference, not a loss difference).
@@ -29,10 +32,10 @@ ADVANTAGES = [1.2, -0.4, 0.3, -1.1, -0.7, 0.0, 1.5, -0.8]
 TEMPERATURE = 0.7
 
 
-def _args(loss_type: str) -> TrainerArgs:
+def _args(loss_type: str, ratio_against: str = "trainer") -> TrainerArgs:
     return TrainerArgs(loss_type=loss_type, micro_batch_size=3, max_tokens=MAX_TOKENS,
                        temperature=TEMPERATURE, rollouts_per_example=GROUP, batch_size=8,
-                       epsilon=0.2, epsilon_high=0.28)
+                       epsilon=0.2, epsilon_high=0.28, ratio_against=ratio_against)
 
 
 def _policy(model_path: Path, args: TrainerArgs):
@@ -88,7 +91,7 @@ def _vfkit_grads(model, args, batch, sampler, pad_id, stats: TokenStats | None =
     return _grads(model)
 
 
-def _trl_grads(model, tokenizer, args, batch, sampler, tmp_path, on_policy,
+def _trl_grads(model, tokenizer, args, batch, sampler, tmp_path, mode: str,
                loss_type: str | None = None) -> dict:
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
@@ -106,6 +109,8 @@ def _trl_grads(model, tokenizer, args, batch, sampler, tmp_path, on_policy,
         processing_class=tokenizer,
     )
     trainer.current_gradient_accumulation_steps = 1
+    # decoupled: TRL's correction of a vLLM sampler, token level (read in _compute_loss)
+    trainer.use_vllm = mode == "decoupled"
     pad = tokenizer.pad_token_id
     completion = torch.full((len(batch), MAX_TOKENS), pad)
     completion_mask = torch.zeros(len(batch), MAX_TOKENS, dtype=torch.long)
@@ -119,28 +124,36 @@ def _trl_grads(model, tokenizer, args, batch, sampler, tmp_path, on_policy,
         "completion_ids": completion, "completion_mask": completion_mask,
         "advantages": torch.tensor(ADVANTAGES),
         "num_items_in_batch": completion_mask.sum(),
-        "old_per_token_logps": None if on_policy else old,
+        "old_per_token_logps": old if mode == "clipped" else None,
     }
+    if mode == "decoupled":
+        trainer_logprobs = _sampler_logprobs(model, batch, shift=False)
+        weight = torch.ones(len(batch), MAX_TOKENS)
+        for i, (ours, theirs) in enumerate(zip(trainer_logprobs, sampler, strict=True)):
+            weight[i, : len(ours)] = torch.exp(torch.tensor(ours) - torch.tensor(theirs))
+        inputs["importance_sampling_ratio"] = weight
     trainer.model.train()
     trainer._compute_loss(trainer.model, inputs).backward()
     return _grads(model)
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo"])
-@pytest.mark.parametrize("on_policy", [True, False], ids=["on-policy", "clipped"])
+@pytest.mark.parametrize("mode", ["on-policy", "clipped", "decoupled"])
 def test_gradient_equals_trls(
-    loss_type: str, on_policy: bool, tiny_model_path: Path, tmp_path: Path
+    loss_type: str, mode: str, tiny_model_path: Path, tmp_path: Path
 ) -> None:
-    args = _args(loss_type)
+    args = _args(loss_type, "sampler" if mode == "clipped" else "trainer")
     model, tokenizer = _policy(tiny_model_path, args)
     batch = _batch(model.config.vocab_size)
-    sampler = _sampler_logprobs(model, batch, shift=not on_policy)
+    sampler = _sampler_logprobs(model, batch, shift=mode != "on-policy")
     stats = TokenStats()
     ours = _vfkit_grads(model, args, batch, sampler, tokenizer.pad_token_id, stats)
-    theirs = _trl_grads(model, tokenizer, args, batch, sampler, tmp_path, on_policy)
+    theirs = _trl_grads(model, tokenizer, args, batch, sampler, tmp_path, mode)
 
     clipped_tokens = stats.sums["clip/frac"]
-    assert clipped_tokens == 0 if on_policy else 3 <= clipped_tokens <= stats.tokens - 10
+    assert clipped_tokens == 0 if mode != "clipped" else 3 <= clipped_tokens <= stats.tokens - 10
+    if mode == "decoupled":  # the sampler really was off: the weights are not all 1
+        assert stats.ratio_max > 1.1 and stats.ratio_min < 0.9
 
     assert ours.keys() == theirs.keys()
     assert any("lora_A" in n for n in ours) and any("lora_B" in n for n in ours)
@@ -158,7 +171,7 @@ def test_the_check_sees_a_different_normalization(tiny_model_path: Path, tmp_pat
     batch = _batch(model.config.vocab_size)
     sampler = _sampler_logprobs(model, batch, shift=False)
     ours = _vfkit_grads(model, args, batch, sampler, tokenizer.pad_token_id)
-    theirs = _trl_grads(model, tokenizer, args, batch, sampler, tmp_path, True, "bnpo")
+    theirs = _trl_grads(model, tokenizer, args, batch, sampler, tmp_path, "on-policy", "bnpo")
     flat_ours = torch.cat([g.flatten() for g in ours.values()])
     flat_theirs = torch.cat([theirs[n].flatten() for n in ours])
     assert not torch.allclose(flat_ours, flat_theirs, rtol=1e-3, atol=1e-6)

@@ -128,9 +128,11 @@ def _loss_type(ctx: Ctx) -> None:
 @check("trainer.args.epsilon", "trainer.args.epsilon_high")
 def _clip(ctx: Ctx) -> None:
     # sampler logprob -5.5 vs the tiny model's ~-5.5: ratios near 1, so a tiny epsilon clips
-    wide = _update(ctx, "trainer.args.epsilon=0.9", "trainer.args.epsilon_high=10.0")
-    narrow = _update(ctx, "trainer.args.epsilon=1e-4", "trainer.args.epsilon_high=1e-4")
-    high_only = _update(ctx, "trainer.args.epsilon=0.9", "trainer.args.epsilon_high=1e-4")
+    # (measured from the sampler: from the trainer's own logprobs one step never clips)
+    sampler = 'trainer.args.ratio_against="sampler"'
+    wide = _update(ctx, sampler, "trainer.args.epsilon=0.9", "trainer.args.epsilon_high=10.0")
+    narrow = _update(ctx, sampler, "trainer.args.epsilon=1e-4", "trainer.args.epsilon_high=1e-4")
+    high_only = _update(ctx, sampler, "trainer.args.epsilon=0.9", "trainer.args.epsilon_high=1e-4")
     assert wide["clip/frac"] == 0 and narrow["clip/frac"] > high_only["clip/frac"] > 0
 
 
