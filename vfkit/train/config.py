@@ -208,9 +208,10 @@ class TrainerArgs(Section):
     """Lower clip range of the importance ratio (1 - epsilon, so at most 1)."""
     epsilon_high: float | None = Field(None, gt=0)
     """Upper clip range (1 + epsilon_high); default: epsilon."""
-    ratio_against: Literal["sampler", "trainer"] = "trainer"
+    ratio_against: Literal["sampler", "trainer"] = "sampler"
     """What the clipped ratio is taken against. "trainer" (decoupled PPO, Hilton et al. 2021,
-    arXiv:2110.00641): the trainer's own logprobs before this step's update, with the async lag
+    arXiv:2110.00641; not yet the default, see benchmarks/RESULTS.md): the trainer's own
+    logprobs before this step's update, with the async lag
     and sampler/trainer rounding corrected by a separate importance weight trainer/sampler
     (masked as below); with one gradient step per batch nothing is clipped, so a sampler that
     lags or rounds differently (a bf16-merged adapter, fp8, another engine) loses no token to
