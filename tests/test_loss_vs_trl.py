@@ -6,7 +6,7 @@ how they gather rollouts. This checks the other half: given one batch, vfkit's u
 (`GRPOTrainer._compute_loss`) must give the same gradient on every LoRA parameter, for the
 loss types both define the same way, in three cases: on-policy; clipped against an off-policy
 sampler (`ratio_against = "sampler"`, TRL's `old_per_token_logps`); and decoupled
-(`ratio_against = "trainer"`, the default: TRL's token-level importance-sampling correction of
+(`ratio_against = "trainer"`: TRL's token-level importance-sampling correction of
 a vLLM sampler, `importance_sampling_ratio`).
 
 Prompts have one length: TRL left-pads prompts, and its training forward then gives shorter
