@@ -211,9 +211,9 @@ class TrainerArgs(Section):
     ratio_against: Literal["sampler", "trainer"] = "sampler"
     """What the clipped ratio is taken against. "trainer" (decoupled PPO, Hilton et al. 2021,
     arXiv:2110.00641; not yet the default, see benchmarks/RESULTS.md): the trainer's own
-    logprobs before this step's update, with the async lag
-    and sampler/trainer rounding corrected by a separate importance weight trainer/sampler
-    (masked as below); with one gradient step per batch nothing is clipped, so a sampler that
+    logprobs before this step's update, with the async lag and sampler/trainer rounding
+    corrected by a separate importance weight trainer/sampler (masked as below); with one
+    gradient step per batch nothing is clipped, so a sampler that
     lags or rounds differently (a bf16-merged adapter, fp8, another engine) loses no token to
     the clip, only reweights it.
     "sampler": the server's logprobs, so the clip also acts on the lag and that rounding: it
