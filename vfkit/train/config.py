@@ -208,17 +208,19 @@ class TrainerArgs(Section):
     """Lower clip range of the importance ratio (1 - epsilon, so at most 1)."""
     epsilon_high: float | None = Field(None, gt=0)
     """Upper clip range (1 + epsilon_high); default: epsilon."""
-    ratio_against: Literal["sampler", "trainer"] = "sampler"
-    """What the clipped ratio is taken against. "trainer" (decoupled PPO, Hilton et al. 2021,
-    arXiv:2110.00641; not yet the default, see benchmarks/RESULTS.md): the trainer's own
-    logprobs before this step's update, with the async lag and sampler/trainer rounding
-    corrected by a separate importance weight trainer/sampler (masked as below); with one
-    gradient step per batch nothing is clipped, so a sampler that
-    lags or rounds differently (a bf16-merged adapter, fp8, another engine) loses no token to
-    the clip, only reweights it.
-    "sampler": the server's logprobs, so the clip also acts on the lag and that rounding: it
-    removes the gradient of the tokens the sampler gets most wrong, which cost vf-train much
-    of its per-step learning with a bf16-merged sampler (benchmarks/RESULTS.md)."""
+    ratio_against: Literal["sampler", "trainer"] = "trainer"
+    """What the clipped ratio is taken against. "trainer" (the default; decoupled PPO, Hilton
+    et al. 2021, arXiv:2110.00641): the trainer's own logprobs before this step's update, with
+    the async lag and sampler/trainer rounding corrected by a separate importance weight
+    trainer/sampler (masked as below). With one gradient step per batch nothing is clipped:
+    like TRL's GRPOTrainer with one iteration, there is no trust region, and a sampler that
+    lags or rounds differently (bf16, fp8, another engine) loses no token to the clip, only
+    reweights it. In the 15-minute CPU race it learned the most per step and per minute.
+    "sampler": the server's logprobs, so the clip also acts on the lag and that rounding. It
+    is a trust region across the lag: slower per step (it removes the gradient of the tokens
+    that moved most since the sampler's policy), but steadier at high learning rates (at 50x
+    the default, a tiny VLM collapsed onto one answer in 2 of 6 seeds with "trainer", 0 of 6
+    with "sampler"; benchmarks/RESULTS.md, "The decoupled ratio")."""
     mask_ratio_low: float = Field(0.125, ge=0)
     """Tokens whose trainer/sampler ratio is below this are masked out of the loss."""
     mask_ratio_high: float = Field(8.0, gt=0)

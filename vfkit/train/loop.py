@@ -5,13 +5,13 @@
 
 How this departs from GRPO (Shao et al. 2024, arXiv:2402.03300):
 - LoRA only (PEFT); the server hot-loads each step's adapter instead of syncing full weights.
-- One gradient step per batch; by default (`ratio_against = "sampler"`) the clip is measured
-  from the sampler's logprobs, so it corrects both the async lag (batch s comes from policy
-  s-1-async_level) and the numeric mismatch between server and trainer; tokens whose ratio
-  leaves [mask_ratio_low, mask_ratio_high] are masked out of the loss (losses/, update.py).
-  `ratio_against = "trainer"` (decoupled PPO) measures the clip from the trainer's own
-  pre-update logprobs and weights each token by trainer/sampler: raced ahead of TRL, not yet
-  the default (benchmarks/RESULTS.md, "The decoupled ratio").
+- One gradient step per batch, as decoupled PPO (`ratio_against = "trainer"`, the default):
+  the clip is measured from the trainer's own pre-update logprobs (so it never fires), and
+  each token is weighted by trainer/sampler, which corrects both the async lag (batch s comes
+  from policy s-1-async_level) and the numeric mismatch between server and trainer; tokens
+  whose weight leaves [mask_ratio_low, mask_ratio_high] are masked out of the loss (losses/,
+  update.py). `ratio_against = "sampler"` measures the clip from the sampler instead: a trust
+  region across the lag (benchmarks/RESULTS.md, "The decoupled ratio").
 - KL to the base model is optional (beta, default 0), computed by disabling the adapter.
 
 Batches come from a `BatchSource` (batches.py): live sampling through the inference server, or

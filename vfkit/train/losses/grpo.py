@@ -1,9 +1,10 @@
 """GRPO: PPO-clip on group-relative advantages, each sequence's tokens averaged, then sequences.
 
 Shao et al. 2024, "DeepSeekMath", arXiv:2402.03300, eq. 3. Departures: one gradient step per
-batch, with the "old" policy the sampler (or, with `ratio_against = "trainer"`, the trainer's
-own before the step, plus an importance weight trainer/sampler), so the ratio corrects for the
-async lag and sampler/trainer mismatch; KL (when beta > 0) uses the k3 estimator of Schulman 2020.
+batch, with the "old" policy the trainer's own before the step plus an importance weight
+trainer/sampler (default `ratio_against = "trainer"`), or the sampler (`"sampler"`), so the
+async lag and sampler/trainer mismatch are corrected; KL (when beta > 0) uses the k3
+estimator of Schulman 2020.
 """
 
 from __future__ import annotations
