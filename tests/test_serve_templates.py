@@ -85,6 +85,12 @@ def trusting_process(tiny_model_path):
     proc.wait(timeout=10)
 
 
+def _timed_health(url: str) -> float:
+    t0 = time.monotonic()
+    assert httpx.get(url, timeout=TEMPLATE_BUDGET_S * 2).status_code == 200
+    return time.monotonic() - t0
+
+
 def test_a_hostile_trusted_template_is_bounded_and_the_server_stays_up(trusting_process):
     proc, base_url, health = trusting_process
     # a trusted template that behaves renders as asked
@@ -92,15 +98,18 @@ def test_a_hostile_trusted_template_is_bounded_and_the_server_stays_up(trusting_
     assert r.status_code == 200, r.text
     assert make_tokenizer().decode(r.json()["prompt_token_ids"]) == "<user>hi<assistant>"
 
+    # /health must answer at once while the template renders: blocked, it would wait out the
+    # whole TEMPLATE_BUDGET_S. "At once" is relative to this machine's idle answer (a loaded CI
+    # machine is slow at everything), capped below the budget so a blocked server still fails
+    idle = min(_timed_health(health) for _ in range(3))
+    limit = min(TEMPLATE_BUDGET_S * 0.75, max(1.0, 5 * idle))
     answers: list[httpx.Response] = []
     started = time.monotonic()
     worker = threading.Thread(target=lambda: answers.append(chat(base_url, chat_template=HOSTILE)))
     worker.start()
     time.sleep(0.3)  # the template is rendering now
-    while worker.is_alive():  # /health answers at once all the while
-        t0 = time.monotonic()
-        assert httpx.get(health, timeout=2).status_code == 200
-        assert time.monotonic() - t0 < 1.0
+    while worker.is_alive():
+        assert _timed_health(health) < limit
         time.sleep(0.2)
     worker.join()
     assert time.monotonic() - started < TEMPLATE_BUDGET_S + 10
