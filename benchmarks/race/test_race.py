@@ -147,6 +147,20 @@ def test_snapshots_copy_the_newest_adapter_at_each_tick(tmp_path: Path) -> None:
         assert config["step"] == snap["step"] and snap["t_s"] <= 1.2 + 0.3
 
 
+def test_a_run_that_ends_by_itself_keeps_its_last_step_snapshot(tmp_path: Path) -> None:
+    # a leg with max_steps stops before the budget, often within one poll of its last adapter
+    adapters = tmp_path / "adapters"
+    with Snapshotter(adapters, tmp_path / "snaps", every_s=60, budget_s=60,
+                     on_budget=lambda: None, every_steps=2) as clock:
+        time.sleep(0.05)  # the clock polls once and finds nothing; the steps then land at once
+        for step in range(1, 5):
+            (adapters / f"step_{step}").mkdir(parents=True)
+            (adapters / f"step_{step}" / "adapter_config.json").write_text("{}")
+    record = clock.record()
+    assert [s["step"] for s in record["step_snapshots"]] == [2, 4]
+    assert record["steps"][-1][1] == 4
+
+
 def test_equal_step_points_are_the_steps_every_system_of_the_seed_reached() -> None:
     from benchmarks.race.run import shared_steps
 
