@@ -74,10 +74,9 @@ class Snapshotter:
     def __exit__(self, *exc: object) -> None:
         self._done.set()
         self._thread.join()
-        if self.error is None:  # a run that ended on its own (max_steps): its last step counts
-            self._note_new_step()
         if self.error is not None:
             raise RuntimeError(f"the race clock failed: {self.error}") from self.error
+        self._note_new_step()  # a run that ended on its own (max_steps): its last step counts
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
