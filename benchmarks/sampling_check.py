@@ -63,10 +63,10 @@ def server_samples(model_dir: Path, rows: list[dict], n: int, temperature: float
                    concurrency: int = 4) -> list[tuple[str, int, bool]]:
     """(text, completion tokens, truncated) per sample, from a builtin vf-serve via `openai`
     (`adapter` hot-loaded as vf-train does, through the runtime-LoRA route)."""
-    import httpx
     import openai
 
     from vfkit.serve.launcher import start_server
+    from vfkit.train.adapter_sync import AdapterSync
 
     async def draw(client: openai.AsyncOpenAI, gate: asyncio.Semaphore, row: dict) -> Any:
         async with gate:
@@ -75,6 +75,10 @@ def server_samples(model_dir: Path, rows: list[dict], n: int, temperature: float
                 max_tokens=max_tokens, extra_body={"return_token_ids": True})
 
     async def draw_all(base_url: str) -> list[Any]:
+        if adapter is not None:
+            sync = AdapterSync(base_url)
+            await sync.load(served, adapter)
+            await sync.aclose()
         gate = asyncio.Semaphore(concurrency)  # the trainer's batch: `concurrency` groups at once
         async with openai.AsyncOpenAI(base_url=base_url, api_key="EMPTY") as client:
             return await asyncio.gather(*(draw(client, gate, row) for row in rows))
@@ -82,9 +86,6 @@ def server_samples(model_dir: Path, rows: list[dict], n: int, temperature: float
     served = str(model_dir) if adapter is None else "policy"
     allowed = [] if adapter is None else [adapter.parent]
     with start_server(str(model_dir), dtype=dtype, allowed_adapter_dirs=allowed) as server:
-        if adapter is not None:
-            httpx.post(f"{server.base_url}/load_lora_adapter", timeout=120, json={
-                "lora_name": served, "lora_path": str(adapter)}).raise_for_status()
         responses = asyncio.run(draw_all(server.base_url))
     out: list[tuple[str, int, bool]] = []
     for resp in responses:  # token_ids: vLLM's and vf-serve's extra field, per choice
