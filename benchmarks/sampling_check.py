@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.sampling_check", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env", default="reverse-text")
-    p.add_argument("--env-args", default='{"max_words": 2}', help="JSON")
+    p.add_argument("--env-args", help="JSON (default: the race's args for --env)")
     p.add_argument("--prompts", type=int, default=128)
     p.add_argument("--n", type=int, default=8, help="completions per prompt (a group)")
     p.add_argument("--temperature", type=float, default=0.7)
@@ -127,10 +127,13 @@ def main(argv: list[str] | None = None) -> None:
                    default=["vf-serve", "generate"])
     args = p.parse_args(argv)
 
+    from benchmarks.race.settings import RACE_ENV_ARGS
     from vfkit.envs.registry import load_environment
     from vfkit.train.policy import resolve_model_dir
 
-    env = load_environment(args.env, **json.loads(args.env_args))
+    env_args = RACE_ENV_ARGS.get(args.env, {}) if args.env_args is None else json.loads(
+        args.env_args)
+    env = load_environment(args.env, **env_args)
     rows = list(env.get_dataset())[: args.prompts]
     model_dir = resolve_model_dir(MODEL)
     sampling = (args.n, args.temperature, args.max_tokens)
