@@ -16,7 +16,6 @@ adapters' total change. If the learners are the same, the cosine is ~1 and the n
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 from pathlib import Path
 from typing import Any
@@ -29,16 +28,14 @@ from vfkit.train.samples import Sample
 def recorded_batches(run: Path, steps: int, args: Any) -> list[list[Sample]]:
     """The samples of steps 1..steps, every group kept (zero-advantage groups as in TRL)."""
     from vfkit.train.advantages import assign_advantages
+    from vfkit.train.data import read_rollouts
+    from vfkit.train.rundir import RunDir
     from vfkit.train.samples import build_samples
 
     batches = []
     for step in range(1, steps + 1):
-        groups = collections.defaultdict(list)
-        for line in (run / "rollouts" / f"step_{step}.jsonl").open():
-            row = json.loads(line)
-            groups[row["group"]].append(row)
-        kept, _ = assign_advantages([groups[k] for k in sorted(groups)],
-                                    scale_rewards=args.scale_rewards,
+        groups, _ = read_rollouts(RunDir(run).rollouts_file(step))
+        kept, _ = assign_advantages(groups, scale_rewards=args.scale_rewards,
                                     zero_truncated=args.zero_truncated_completions,
                                     filter_zero=False)
         samples, _ = build_samples(kept, max_seq_len=args.max_seq_len,
