@@ -34,10 +34,13 @@ def completions(run: Path, step: int) -> tuple[list[tuple[list[int], list[int]]]
     """(prompt ids, completion ids) of each rollout of `step`, and the run's temperature."""
     import tomllib
 
-    rows = [json.loads(line) for line in (run / "rollouts" / f"step_{step}.jsonl").open()]
+    from vfkit.train.data import read_rollouts
+    from vfkit.train.rundir import RunDir
+
+    groups, _ = read_rollouts(RunDir(run).rollouts_file(step))
     pairs = [(t["prompt_ids"], t["completion_ids"])
-             for t in (row["trajectory"][-1]["tokens"] for row in rows)]
-    config = tomllib.loads((run / "config.toml").read_text())
+             for t in (state["trajectory"][-1]["tokens"] for group in groups for state in group)]
+    config = tomllib.loads(RunDir(run).config.read_text())
     return pairs, float(config["trainer"]["args"]["temperature"])
 
 
