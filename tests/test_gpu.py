@@ -75,3 +75,20 @@ def test_embedded_server_on_gpu_serves_logprobs_of_the_model(tiny_model_path: Pa
     want = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids)[:, None])[:, 0]
     got = torch.tensor(choice["logprobs"]["token_logprobs"])
     assert (got - want).abs().max() < 1e-2
+
+
+def test_cuda_graph_decoding_matches_the_dynamic_path(
+    tiny_model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replayed graphs (rows joining, finishing, moving; the arena growing; an adapter and the
+    base, alone and mixed) give the tokens and logprobs of the eager dynamic path."""
+    from test_serve_lora import make_adapter
+    from test_serve_static_decode import compare_with_dynamic
+
+    from vfkit.serve import static_cache
+
+    monkeypatch.setattr(static_cache, "_MIN_CAPACITY", 16)
+    adapter = make_adapter(tiny_model_path, tmp_path / "a", seed=1)
+    decoder = compare_with_dynamic(tiny_model_path, adapter, "cuda", tolerance=2e-3)
+    assert decoder.replays > 0 and decoder.captures > 0
+    assert decoder.eager_steps > 0  # the mixed base + adapter batches

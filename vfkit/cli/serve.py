@@ -16,6 +16,7 @@ import time
 from vfkit.errors import VfkitError
 from vfkit.serve.config import (
     DEFAULT_IMAGES_PER_PROMPT,
+    CUDA_GRAPHS,
     DTYPES,
     LOG_LEVELS,
     ServeConfig,
@@ -60,6 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-queue", type=int, default=256, help="waiting sequences before 429")
     p.add_argument("--max-prefill-tokens", type=int, default=4096)
     p.add_argument("--threads", type=int, help="torch threads (default: all cores)")
+    p.add_argument(
+        "--cuda-graphs", default="auto", choices=CUDA_GRAPHS,
+        help="replay decode steps as CUDA graphs (auto: on a CUDA device, text models)",
+    )
     p.add_argument(
         "--trust-request-chat-template",
         action="store_true",
@@ -112,6 +117,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         max_queue=args.max_queue,
         max_prefill_tokens=args.max_prefill_tokens,
         threads=args.threads,
+        cuda_graphs=args.cuda_graphs,
         trust_request_chat_template=args.trust_request_chat_template,
         max_request_bytes=args.max_request_bytes,
         log_level=args.log_level,

@@ -10,7 +10,7 @@ output is ignored): with weights streamed once per step, that costs little.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -30,7 +30,10 @@ class RunningBatch:
         mask: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
         last: torch.Tensor | None = None,
+        *,
+        new_cache: Callable[[], Any] | None = None,
     ) -> None:
+        self.new_cache = new_cache  # None: adopt the first group's cache; else an empty one
         self.slots: list[Sequence | None] = slots or []
         self.cache = cache
         self.mask = mask  # [S, L] long, 1 = a real token, leading 0s = left padding
@@ -66,7 +69,11 @@ class RunningBatch:
     def add(self, group: RunningBatch) -> None:
         """Take in a freshly prefilled group: into dead slots first, appended otherwise."""
         if not self.rows:
-            self.__init__(group.slots, group.cache, group.mask, group.positions, group.last)
+            cache = group.cache
+            if self.new_cache is not None:  # the static arena: copy the group's rows in
+                cache = self.new_cache()
+                cache.merge(group.cache)
+            self._reset(group.slots, cache, group.mask, group.positions, group.last)
             return
         width, length = group.mask.shape[1], self.mask.shape[1]
         if width > length:  # a prompt longer than the batch: make room on the left
@@ -118,17 +125,21 @@ class RunningBatch:
             self.slots[i] = None
         live = self.live()
         if not live:
-            self.__init__()
+            self._reset()
             return
         if 2 * (len(self.slots) - len(live)) >= len(self.slots):
             compact = self.select(live)
-            self.__init__(
+            self._reset(
                 compact.slots, compact.cache, compact.mask, compact.positions, compact.last
             )
         drop = int(self.mask[torch.tensor(self.live())].argmax(dim=1).min())
-        if drop:  # leading columns that are padding for every live row
+        worth = getattr(self.cache, "worth_trimming", None)
+        if drop and (worth is None or worth(drop)):  # columns of padding for every live row
             self.cache.trim_left(drop)
             self.mask = self.mask[:, drop:]
+
+    def _reset(self, *state: Any) -> None:
+        self.__init__(*state, new_cache=self.new_cache)
 
 
 def _left_pad(mask: torch.Tensor, length: int) -> torch.Tensor:

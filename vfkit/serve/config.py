@@ -33,6 +33,7 @@ class ServeConfig:
     max_queue: int = 256  # waiting sequences before 429
     max_prefill_tokens: int = 4096  # padded prompt tokens prefilled in one forward
     threads: int | None = None  # torch threads; default: all cores
+    cuda_graphs: str = "auto"  # decode steps replayed as CUDA graphs: auto (on CUDA) | on | off
     trust_request_chat_template: bool = False  # run a request's own chat_template (sandboxed)
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # larger bodies get 413
     log_level: str = "info"
@@ -105,7 +106,8 @@ _INT_RANGES = (
 _OPTIONAL = {"max_model_len", "threads"}
 DTYPES = ("auto", "bfloat16", "float16", "float32", "half", "float")  # vLLM's aliases too
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
-_CHOICES = {"dtype": DTYPES, "log_level": LOG_LEVELS}
+CUDA_GRAPHS = ("auto", "on", "off")
+_CHOICES = {"dtype": DTYPES, "log_level": LOG_LEVELS, "cuda_graphs": CUDA_GRAPHS}
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
 
 

@@ -22,7 +22,9 @@ from typing import Any
 import torch
 
 from vfkit.serve.batch import RunningBatch
+from vfkit.serve.engine_stats import EngineStats
 from vfkit.serve.errors import APIError
+from vfkit.serve.graphs import StaticDecoder
 from vfkit.serve.kv_cache import BatchCache
 from vfkit.serve.lora import LoraManager
 from vfkit.serve.sampling import RowInput, StepOutput, sample_step
@@ -50,6 +52,8 @@ class Engine:
         threads: int | None = None,
         model_path: str = "",
         processor: Any = None,
+        static_decode: bool = False,
+        capture_graphs: bool | None = None,
     ) -> None:
         self.lora = lora
         self.processor = processor  # an image-text-to-text model's processor (None: text-only)
@@ -70,7 +74,15 @@ class Engine:
         self._wake = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
-        self._batch = RunningBatch()
+        # decode steps over a fixed-address cache, replayed as CUDA graphs (graphs.py); with
+        # capture_graphs=False the same static steps run eagerly (how CPU tests check them)
+        self.decoder: StaticDecoder | None = None
+        if static_decode:
+            capture = self.device.type == "cuda" if capture_graphs is None else capture_graphs
+            self.decoder = StaticDecoder(
+                lora, max_rows=max_batch, max_length=max_model_len + 1, capture=capture
+            )
+        self._batch = self._new_batch()
         self.stats = EngineStats()
         self._step_s = 0.0
 
@@ -206,9 +218,12 @@ class Engine:
         except BaseException as exc:
             log.exception("generation step failed")
             self._fail([*rows, *(s for s in self._batch.rows if s not in rows)], exc)
-            self._batch = RunningBatch()
+            self._batch = self._new_batch()
             if not isinstance(exc, Exception):
                 raise
+
+    def _new_batch(self) -> RunningBatch:
+        return RunningBatch(new_cache=self.decoder.new_cache if self.decoder else None)
 
     def _admit(self) -> None:
         """Move waiting sequences into the batch, within batch, prefill and adapter limits."""
@@ -284,7 +299,12 @@ class Engine:
         b = self._batch
         ids, mask, positions = b.step_inputs()
         start = time.perf_counter()
-        logits = self._forward(b.adapters(), ids, mask, positions, b.cache)
+        if self.decoder is not None and b.cache is self.decoder.cache:
+            logits = self.decoder.step(b.adapters(), ids, mask, positions)
+            self.stats.graph_replays = self.decoder.replays
+            self.stats.graph_captures = self.decoder.captures
+        else:
+            logits = self._forward(b.adapters(), ids, mask, positions, b.cache)
         elapsed = time.perf_counter() - start
         self._step_s = 0.9 * self._step_s + 0.1 * elapsed  # moving average of a decode step
         live = b.live()
@@ -366,24 +386,6 @@ class Engine:
             if seq.finish_reason is None:
                 seq.error = exc
                 self._done(seq)
-
-
-@dataclass
-class EngineStats:
-    """Cumulative counters (seconds, steps, tokens) since start; GET /stats shows them."""
-
-    busy_s: float = 0.0  # worker iterations with work, all included
-    prefill_s: float = 0.0  # prompt forwards
-    decode_s: float = 0.0  # one-token forwards
-    sample_s: float = 0.0  # logits -> tokens and logprobs
-    prefill_tokens: int = 0
-    prefills: int = 0  # prefill forwards (groups of admitted sequences)
-    admitted: int = 0  # sequences prefilled (each samples its first token there)
-    queue_wait_s: float = 0.0  # summed over sequences: submit -> end of its prefill
-    decode_steps: int = 0
-    decode_rows: int = 0  # sum of batch sizes over decode steps
-    finished: int = 0
-    aborted: int = 0
 
 
 @dataclass

@@ -116,6 +116,7 @@ class LoraManager(ServedAdapters):
         self._merged: MergedWeights | None = None
         self._layers_enabled = True
         self.path_counts: Counter[str] = Counter()  # forwards by path, shown by GET /stats
+        self._changes = 0  # loads and unloads (see `generation`)
 
     # ---- HTTP side: validation, no model changes ----
     def check_load(self, name: str, path: str, inplace: bool) -> AdapterFiles:
@@ -174,6 +175,7 @@ class LoraManager(ServedAdapters):
 
         If anything fails, `name` is served by no one (never by half-copied weights).
         """
+        self._changes += 1
         self._drop_merged()
         try:
             self._install(name, files)
@@ -226,9 +228,17 @@ class LoraManager(ServedAdapters):
 
     def apply_unload(self, name: str) -> None:
         if name in self._configs:
+            self._changes += 1
             self._drop_merged()
             self._delete(name)
             self._track_layers()
+
+    @property
+    def generation(self) -> int:
+        """Changes whenever the tensors a forward reads may have been replaced or freed
+        (adapters loaded, reloaded or unloaded; a merged variant evicted): captured decode
+        graphs (graphs.py) older than this are stale."""
+        return self._changes + (self._merged.evictions if self._merged is not None else 0)
 
     def _drop_merged(self) -> None:
         """Put the base weights back and the LoRA layers on before the adapters change."""

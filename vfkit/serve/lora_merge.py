@@ -30,6 +30,7 @@ class MergedWeights:
         self.max_variants = max_variants
         self._variants: OrderedDict[str, list[torch.nn.Parameter]] = OrderedDict()
         self.current: str | None = None  # None: base weights in place
+        self.evictions = 0  # variants dropped (their tensors freed), see LoraManager.generation
 
     def mergeable(self, name: str | None) -> bool:
         """Plain LoRA on linear layers only (no DoRA, no embedding or saved modules)."""
@@ -57,7 +58,8 @@ class MergedWeights:
         """Drop a cached variant (its adapter was reloaded or unloaded)."""
         if self.current == name:
             self.use(None)
-        self._variants.pop(name, None)
+        if self._variants.pop(name, None) is not None:
+            self.evictions += 1
 
     def _variant(self, name: str) -> list[torch.nn.Parameter]:
         if name in self._variants:
@@ -68,6 +70,7 @@ class MergedWeights:
             if oldest == self.current:
                 self.use(None)
             self._variants.pop(oldest)
+            self.evictions += 1
         merged = []
         for layer, base in zip(self.layers, self.base, strict=True):
             if name not in layer.lora_A:  # this adapter leaves the layer alone

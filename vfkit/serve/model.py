@@ -82,9 +82,26 @@ def build_engine(config: ServeConfig):
         threads=threads,
         model_path=str(path),
         processor=processor,
+        static_decode=use_cuda_graphs(config.cuda_graphs, device, processor),
     )
     engine.start()
     return engine
+
+
+def use_cuda_graphs(setting: str, device: str, processor) -> bool:
+    """Replay decode steps as CUDA graphs (graphs.py)? auto: on CUDA, for text models (image
+    models decode with positions their processor computes, not captured here)."""
+    if setting == "off":
+        return False
+    if not device.startswith("cuda"):
+        if setting == "on":
+            raise ValueError(f"--cuda-graphs on needs a CUDA device, and the model is on {device}")
+        return False
+    if processor is not None:
+        if setting == "on":
+            raise ValueError("--cuda-graphs on: image-text models are decoded without graphs")
+        return False
+    return True
 
 
 def load_served_model(path, dtype, device: str):
