@@ -56,25 +56,63 @@ def test_probe_logprobs_on_gpu_match_the_cpu(tiny_model_path: Path) -> None:
     assert on_gpu == pytest.approx(on_cpu, abs=1e-3)
 
 
-def test_embedded_server_on_gpu_serves_logprobs_of_the_model(tiny_model_path: Path) -> None:
+@pytest.mark.parametrize("graphs", ["off", "on"])
+def test_embedded_server_on_gpu_serves_logprobs_of_the_model(
+    tiny_model_path: Path, graphs: str
+) -> None:
     from openai import OpenAI
     from transformers import AutoModelForCausalLM
 
     from vfkit.serve.launcher import start_server
 
     with start_server(str(tiny_model_path), dtype="float32",
-                      extra_args=["--device", "cuda"]) as server:
+                      extra_args=["--device", "cuda", "--cuda-graphs", graphs]) as server:
         client = OpenAI(base_url=server.base_url, api_key="x")
         out = client.completions.create(model=str(tiny_model_path), prompt="abc", max_tokens=4,
                                         temperature=1.0, logprobs=1, seed=0,
                                         extra_body={"return_token_ids": True})
     choice = out.model_dump()["choices"][0]
-    prompt_ids, ids = out.model_dump()["prompt_token_ids"], choice["token_ids"]
+    prompt_ids, ids = choice["prompt_token_ids"], choice["token_ids"]
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
     logits = model(torch.tensor([prompt_ids + ids])).logits[0, len(prompt_ids) - 1 : -1]
     want = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids)[:, None])[:, 0]
     got = torch.tensor(choice["logprobs"]["token_logprobs"])
     assert (got - want).abs().max() < 1e-2
+
+
+def test_graph_server_keeps_sampling_through_arena_growth_and_adapter_loads(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
+    """What failed in the first live run (benchmarks/RESULTS.md, GPU): in bf16, unseeded
+    sampling, the arena growing and an adapter loaded mid-way, every graph re-captured."""
+    from openai import OpenAI
+    from test_serve_lora import make_adapter
+
+    from vfkit.serve.launcher import start_server
+
+    adapter = make_adapter(tiny_model_path, tmp_path / "a", seed=1)
+    args = ["--device", "cuda", "--cuda-graphs", "on", "--allowed-adapter-dir", str(tmp_path)]
+    with start_server(str(tiny_model_path), dtype="bfloat16", extra_args=args) as server:
+        client = OpenAI(base_url=server.base_url, api_key="x")
+
+        def sample(model: str, max_tokens: int) -> None:
+            out = client.completions.create(model=model, prompt=["abc", "hello there"] * 4,
+                                            max_tokens=max_tokens, temperature=1.0,
+                                            extra_body={"ignore_eos": True})
+            assert all(c.finish_reason == "length" for c in out.choices)
+
+        sample(str(tiny_model_path), 8)
+        sample(str(tiny_model_path), 300)  # past the first arena (128 positions)
+        import httpx
+
+        root = server.base_url.removesuffix("/v1")
+        r = httpx.post(server.base_url + "/load_lora_adapter",
+                       json={"lora_name": "a", "lora_path": str(adapter)}, timeout=60)
+        assert r.status_code == 200, r.text
+        sample("a", 40)
+        sample(str(tiny_model_path), 40)
+        stats = httpx.get(root + "/stats").json()
+    assert stats["graph_replays"] > 0 and stats["graph_captures"] >= 3
 
 
 def test_cuda_graph_decoding_matches_the_dynamic_path(

@@ -15,8 +15,8 @@ import time
 
 from vfkit.errors import VfkitError
 from vfkit.serve.config import (
-    DEFAULT_IMAGES_PER_PROMPT,
     CUDA_GRAPHS,
+    DEFAULT_IMAGES_PER_PROMPT,
     DTYPES,
     LOG_LEVELS,
     ServeConfig,
@@ -62,8 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-prefill-tokens", type=int, default=4096)
     p.add_argument("--threads", type=int, help="torch threads (default: all cores)")
     p.add_argument(
-        "--cuda-graphs", default="auto", choices=CUDA_GRAPHS,
-        help="replay decode steps as CUDA graphs (auto: on a CUDA device, text models)",
+        "--cuda-graphs", default="off", choices=CUDA_GRAPHS,
+        help="replay decode steps as CUDA graphs (auto: on a CUDA device for text models); "
+        "experimental, see benchmarks/RESULTS.md",
     )
     p.add_argument(
         "--trust-request-chat-template",

@@ -33,7 +33,9 @@ class ServeConfig:
     max_queue: int = 256  # waiting sequences before 429
     max_prefill_tokens: int = 4096  # padded prompt tokens prefilled in one forward
     threads: int | None = None  # torch threads; default: all cores
-    cuda_graphs: str = "auto"  # decode steps replayed as CUDA graphs: auto (on CUDA) | on | off
+    # decode steps replayed as CUDA graphs (graphs.py): off | auto (on CUDA, text models) | on.
+    # Off by default until a live GPU server run verifies it (benchmarks/RESULTS.md, GPU).
+    cuda_graphs: str = "off"
     trust_request_chat_template: bool = False  # run a request's own chat_template (sandboxed)
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # larger bodies get 413
     log_level: str = "info"

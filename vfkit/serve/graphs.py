@@ -162,7 +162,8 @@ class StaticDecoder:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        # thread_local: CUDA calls of the server's other threads cannot invalidate the capture
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             self._run(adapters, inputs)
         self.captures += 1
         log.debug("captured a decode graph for %s rows x %s positions (%s)",

@@ -39,14 +39,17 @@ class StepOutput:
     top: list[list[tuple[int, float]] | None]
 
 
-def sample_step(logits: torch.Tensor, rows: list[RowInput]) -> StepOutput:
-    """Sample one token for every row of `logits` [B, V] (float32) according to its params."""
+def sample_step(
+    logits: torch.Tensor, rows: list[RowInput], generator: torch.Generator | None = None
+) -> StepOutput:
+    """Sample one token for every row of `logits` [B, V] (float32) according to its params;
+    unseeded rows draw from `generator` (None: torch's default one)."""
     logits = _apply_penalties(logits, rows)
     temps = [1.0 if r.params.greedy else r.params.temperature for r in rows]
     if any(t != 1.0 for t in temps):
         logits = logits / torch.tensor(temps, dtype=logits.dtype, device=logits.device)[:, None]
     logprobs = torch.log_softmax(logits, dim=-1)
-    tokens = _draw(logits, logprobs, rows)
+    tokens = _draw(logits, logprobs, rows, generator)
     sampled = logprobs.gather(1, tokens[:, None])[:, 0]
     return StepOutput(tokens.tolist(), sampled.tolist(), _top_logprobs(logprobs, rows))
 
@@ -102,7 +105,10 @@ def _truncates(p: SamplingParams) -> bool:
     return p.min_p > 0.0 or p.top_k > 0 or p.top_p < 1.0
 
 
-def _draw(logits: torch.Tensor, logprobs: torch.Tensor, rows: list[RowInput]) -> torch.Tensor:
+def _draw(
+    logits: torch.Tensor, logprobs: torch.Tensor, rows: list[RowInput],
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
     """argmax for greedy rows; else inverse-CDF sampling with one uniform draw per row.
 
     One uniform per row (from the row's own generator when seeded) keeps a seeded row's
@@ -116,7 +122,7 @@ def _draw(logits: torch.Tensor, logprobs: torch.Tensor, rows: list[RowInput]) ->
     else:
         probs = logprobs.exp()
     cdf = probs.cumsum(dim=-1)
-    uniform = torch.rand(len(rows), device=logits.device)
+    uniform = torch.rand(len(rows), device=logits.device, generator=generator)
     for i, r in enumerate(rows):
         if r.generator is not None:
             uniform[i] = torch.rand((), generator=r.generator, device=r.generator.device)
