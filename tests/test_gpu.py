@@ -92,7 +92,9 @@ def test_graph_server_keeps_sampling_through_arena_growth_and_adapter_loads(
 
     adapter = make_adapter(tiny_model_path, tmp_path / "a", seed=1)
     args = ["--device", "cuda", "--cuda-graphs", "on", "--allowed-adapter-dir", str(tmp_path)]
-    with start_server(str(tiny_model_path), dtype="bfloat16", extra_args=args) as server:
+    log = tmp_path / "server.log"
+    with start_server(str(tiny_model_path), dtype="bfloat16", extra_args=args,
+                      log_path=log) as server:
         client = OpenAI(base_url=server.base_url, api_key="x")
 
         def sample(model: str, max_tokens: int) -> None:
@@ -112,7 +114,7 @@ def test_graph_server_keeps_sampling_through_arena_growth_and_adapter_loads(
         sample("a", 40)
         sample(str(tiny_model_path), 40)
         stats = httpx.get(root + "/stats").json()
-    assert stats["graph_replays"] > 0 and stats["graph_captures"] >= 3
+    assert stats["graph_replays"] > 0 and stats["graph_captures"] >= 3, log.read_text()[-4000:]
 
 
 def test_cuda_graph_decoding_matches_the_dynamic_path(
@@ -130,3 +132,29 @@ def test_cuda_graph_decoding_matches_the_dynamic_path(
     decoder = compare_with_dynamic(tiny_model_path, adapter, "cuda", tolerance=2e-3)
     assert decoder.replays > 0 and decoder.captures > 0
     assert decoder.eager_steps > 0  # the mixed base + adapter batches
+
+
+def test_graphs_capture_a_bf16_peft_model_and_keep_sampling(
+    tiny_model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The live failure's ingredients in one process (bf16, a PEFT adapter, unseeded
+    sampling, re-captures as the arena grows): no request fails and graphs stay on (a failed
+    capture would turn them off and log why)."""
+    from test_serve_lora import make_adapter
+    from test_serve_static_decode import load, make_engine, run, workload
+
+    from vfkit.serve import static_cache
+
+    monkeypatch.setattr(static_cache, "_MIN_CAPACITY", 16)
+    adapter = make_adapter(tiny_model_path, tmp_path / "a", seed=1)
+    engine = make_engine(tiny_model_path, tmp_path, True, "cuda", torch.bfloat16)
+    try:
+        run(engine, [[(p, m, None) for p, m, _ in workload()[:4]]], temperature=1.0)
+        load(engine, "a", adapter)
+        work = workload()
+        run(engine, [work[:3], work[3:7], work[7:]], temperature=1.0)
+        decoder = engine.decoder
+    finally:
+        engine.stop()
+    assert decoder.capture, "a capture failed: see the logged warning"
+    assert decoder.replays > 0 and decoder.captures >= 2

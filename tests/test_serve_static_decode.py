@@ -9,6 +9,7 @@ the captured graphs themselves on CUDA.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -25,9 +26,10 @@ from vfkit.serve.sequence import SamplingParams, Sequence
 MAX_LEN = 72
 
 
-def make_engine(path, adapter_dir, static: bool, device: str = "cpu") -> Engine:
-    """An fp32 engine on `device`; static steps are captured as graphs on CUDA only."""
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
+def make_engine(path, adapter_dir, static: bool, device: str = "cpu",
+                dtype: torch.dtype = torch.float32) -> Engine:
+    """An engine on `device`; static steps are captured as graphs on CUDA only."""
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
     lora = LoraManager(model, allowed_dirs=[adapter_dir], merge=False)
     engine = Engine(lora, AutoTokenizer.from_pretrained(path), max_model_len=MAX_LEN,
                     eos_token_ids=set(), max_batch=4, static_decode=static,
@@ -54,12 +56,14 @@ def workload() -> list[tuple[list[int], int, str | None]]:
     return out
 
 
-def run(engine: Engine, waves: list[list[tuple[list[int], int, str | None]]]) -> list[Sequence]:
+def run(engine: Engine, waves: list[list[tuple[list[int], int, str | None]]],
+        temperature: float = 0.0) -> list[Sequence]:
     """Submit each wave a few decode steps after the previous one; wait for everything."""
     seqs: list[Sequence] = []
     done = threading.Semaphore(0)
     for wave in waves:
-        batch = [Sequence(p, SamplingParams(max_tokens=m, temperature=0.0, logprobs=0),
+        params = SamplingParams(max_tokens=0, temperature=temperature, logprobs=0)
+        batch = [Sequence(p, dataclasses.replace(params, max_tokens=m),
                           adapter=a, on_done=lambda _: done.release()) for p, m, a in wave]
         engine.submit(batch)
         seqs += batch
