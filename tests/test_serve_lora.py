@@ -297,3 +297,33 @@ def test_bad_adapter_files_are_400_naming_the_folder(server, adapters, tmp_path)
         generate(client, "base")  # the server still serves
     finally:
         shutil.rmtree(broken)
+
+
+def test_rl_rotation_reuses_unloaded_adapters(server, adapters, scorer, tiny_model_path):
+    """An RL run loads a new name and unloads an old one every step: the new weights go into
+    the PEFT modules the old name left (no new adapter injected), and each name serves its
+    own weights, the base model none."""
+    client = openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0)
+    rotation = [("v1", "a"), ("v2", "b"), ("v3", "a"), ("v4", "b"), ("v5", "qv"), ("v6", "a")]
+    previous = None
+    for name, which in rotation:
+        assert load(server, name, adapters[which]).status_code == 200
+        if previous is not None:
+            assert unload(server, previous).status_code == 200
+        assert_served_by(scorer, which, generate(client, name), others=[None])
+        assert_served_by(scorer, None, generate(client, "base"))
+        previous = name
+    assert unload(server, previous).status_code == 200
+
+    # in-process: the PEFT adapters made, not one per load
+    from vfkit.serve.lora import LoraManager
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    lora = LoraManager(model, allowed_dirs=[adapters["allowed"]], max_lora_rank=8)
+    previous = None
+    for name, which in rotation[:4]:
+        lora.apply_load(name, lora.check_load(name, str(adapters[which]), inplace=False))
+        if previous is not None:
+            lora.apply_unload(previous)
+        previous = name
+    assert len(lora.model.peft_config) == 2  # v1's and v2's, reused by v3 and v4

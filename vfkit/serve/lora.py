@@ -15,34 +15,40 @@ keep a small update that merging would round away); a batch that mixes adapters 
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vfkit.serve.errors import APIError
+from vfkit.serve.lora_files import (
+    BASE,
+    AdapterFiles,
+    check_load_request,
+    lora_config,
+    module_of,
+    read_config,
+    read_weights,
+)
 
 if TYPE_CHECKING:  # torch is imported by whoever built the model; the HTTP side needs none
     import torch
 
+    from vfkit.serve.lora_copy import LoraTensorMap
     from vfkit.serve.lora_merge import MergedWeights
-
-BASE = "__base__"  # PEFT's name for "no adapter" in a mixed batch
-_CONFIG_KEYS_FOR_INPLACE = ("r", "lora_alpha", "target_modules", "use_rslora", "use_dora")
+# adapter_config.json keys that shape the PEFT modules: equal ones -> weights can be copied in
+_CONFIG_KEYS_FOR_INPLACE = (
+    "r", "lora_alpha", "target_modules", "use_rslora", "use_dora", "layers_to_transform",
+    "layers_pattern", "rank_pattern", "alpha_pattern", "modules_to_save", "bias",
+    "fan_in_fan_out", "exclude_modules",
+)
 _MIXED = object()  # marker: the rows of a batch use different adapters
+_MAX_SPARE = 2  # unloaded PEFT adapters kept for reuse
 
 
-@dataclass(frozen=True)
-class AdapterFiles:
-    """An adapter folder as read by `check_load`: config, weights as stored, their fingerprint."""
-
-    path: Path
-    config: dict[str, Any]
-    peft_config: Any  # peft.LoraConfig
-    weights: dict[str, torch.Tensor]
-    fingerprint: str | None  # None only from the scripted test server (folder without weights)
+def _same_layout(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Can an adapter with config `b` be copied into PEFT modules made for config `a`?"""
+    return all(a.get(k) == b.get(k) for k in _CONFIG_KEYS_FOR_INPLACE)
 
 
 class ServedAdapters:
@@ -117,6 +123,11 @@ class LoraManager(ServedAdapters):
         self._layers_enabled = True
         self.path_counts: Counter[str] = Counter()  # forwards by path, shown by GET /stats
         self._changes = 0  # loads and unloads (see `generation`)
+        # PEFT adapters of unloaded names, kept for the next load of the same layout: an RL run
+        # loads a new name and unloads an old one every step, and creating a PEFT adapter
+        # (injecting 210 LoRA layers) costs ~3x the copy (benchmarks/adapter_sync.py)
+        self._spare: list[tuple[str, dict[str, Any]]] = []
+        self._maps: dict[str, LoraTensorMap] = {}
 
     # ---- HTTP side: validation, no model changes ----
     def check_load(self, name: str, path: str, inplace: bool) -> AdapterFiles:
@@ -132,7 +143,7 @@ class LoraManager(ServedAdapters):
                 "Start the server with --allowed-adapter-dir <dir containing the adapter>.",
                 param="lora_path",
             )
-        config = _read_config(resolved)
+        config = read_config(resolved)
         rank = config.get("r", 8)
         if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
             raise APIError(
@@ -149,15 +160,15 @@ class LoraManager(ServedAdapters):
             )
         from vfkit.lora_fingerprint import fingerprint
 
-        peft_config = _lora_config(resolved, config)
-        weights = _read_weights(resolved)
+        peft_config = lora_config(resolved, config)
+        weights = read_weights(resolved)
         self._check_targets(resolved, weights)
         return AdapterFiles(resolved, config, peft_config, weights, fingerprint(weights))
 
     def _check_targets(self, folder: Path, weights: dict[str, torch.Tensor]) -> None:
         """400 when the adapter's tensors name modules this model lacks (an adapter trained on
         another model, or on a text model's layout for an image model's language model)."""
-        modules = {_module_of(key) for key in weights if ".lora_" in key}
+        modules = {module_of(key) for key in weights if ".lora_" in key}
         absent = sorted(m for m in modules if m not in self._module_names)
         if absent:
             layers = sorted(n for n in self._module_names if n.endswith(".layers"))
@@ -195,7 +206,10 @@ class LoraManager(ServedAdapters):
         from peft import PeftModel, get_peft_model
 
         old = self._configs.get(name)
-        if old is None or any(old.get(k) != files.config.get(k) for k in _CONFIG_KEYS_FOR_INPLACE):
+        if old is None and (spare := self._take_spare(files.config)) is not None:
+            self._configs[name], self._peft_names[name] = files.config, spare
+            self._active = None  # forward() activates it when a batch asks for it
+        elif old is None or not _same_layout(old, files.config):
             if old is not None:
                 self._delete(name)
             self._loads += 1
@@ -211,9 +225,23 @@ class LoraManager(ServedAdapters):
         self._configs[name] = files.config
         self._copy_weights(self._peft_names[name], files.weights)
 
+    def _take_spare(self, config: dict[str, Any]) -> str | None:
+        for i, (peft_name, spare_config) in enumerate(self._spare):
+            if _same_layout(spare_config, config):
+                del self._spare[i]
+                return peft_name
+        return None
+
     def _copy_weights(self, peft_name: str, weights: dict[str, torch.Tensor]) -> None:
         """Copy the adapter's tensors into its LoRA modules; every LoRA tensor must match."""
         from peft.utils import set_peft_model_state_dict
+
+        from vfkit.serve.lora_copy import LoraTensorMap
+
+        if peft_name not in self._maps:
+            self._maps[peft_name] = LoraTensorMap(self.model, peft_name)
+        if self._maps[peft_name].copy(weights):
+            return
 
         result = set_peft_model_state_dict(self.model, weights, adapter_name=peft_name)
         unexpected = [k for k in result.unexpected_keys if "lora_" in k]
@@ -257,9 +285,14 @@ class LoraManager(ServedAdapters):
             self._merged = MergedWeights(self.model)
 
     def _delete(self, name: str) -> None:
-        self._configs.pop(name, None)
+        config = self._configs.pop(name, None)
         peft_name = self._peft_names.pop(name, None)
-        if len(self._configs) == 0:
+        if peft_name is not None and config is not None and len(self._spare) < _MAX_SPARE:
+            self._spare.append((peft_name, config))  # kept (unserved) for the next load
+            self._active = None
+            return
+        self._maps.pop(peft_name, None)
+        if len(self._configs) == 0 and not self._spare:
             if hasattr(self.model, "unload"):
                 self.model = self.model.unload()  # back to the plain HF model
             self._active = None
@@ -272,6 +305,8 @@ class LoraManager(ServedAdapters):
         """Run the model on a batch whose row i uses adapter `adapters[i]` (None: the base)."""
         if not self._configs:
             self.path_counts["plain"] += 1
+            if self._spare:  # only unloaded adapters left in the PEFT model: keep them off
+                self._enable_layers(False)
             return self.model(**inputs)
         adapters = [self._peft_names[a] if a is not None else None for a in adapters]
         distinct = set(adapters)
@@ -304,77 +339,3 @@ class LoraManager(ServedAdapters):
             else:
                 self.model.base_model.disable_adapter_layers()
             self._layers_enabled = enabled
-
-
-def check_load_request(name: str, path: str, *, loaded: bool, inplace: bool) -> None:
-    """vLLM's rules for a load request's name (shared with the scripted test server)."""
-    if not name or not path:
-        raise APIError(
-            400, "Both 'lora_name' and 'lora_path' must be provided.", param="lora_name"
-        )
-    if name == BASE:
-        raise APIError(
-            400, f"'{BASE}' is a reserved name; choose another lora_name.", param="lora_name"
-        )
-    if loaded and not inplace:
-        raise APIError(
-            400,
-            f"The lora adapter '{name}' has already been loaded. "
-            "Pass load_inplace=true to replace its weights.",
-            param="lora_name",
-        )
-
-
-def _module_of(key: str) -> str:
-    """The model module a saved PEFT LoRA tensor belongs to:
-    'base_model.model.model.language_model.layers.0.self_attn.q_proj.lora_A.weight'
-    -> 'model.language_model.layers.0.self_attn.q_proj'."""
-    return key.removeprefix("base_model.model.").partition(".lora_")[0]
-
-
-def _read_config(folder: Path) -> dict[str, Any]:
-    """adapter_config.json as a dict; 400 naming the file when it is missing or not JSON."""
-    config_file = folder / "adapter_config.json"
-    if not config_file.is_file():
-        raise APIError(400, f"No adapter_config.json in {folder}.", param="lora_path")
-    try:
-        config = json.loads(config_file.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise APIError(400, f"{config_file} is not valid JSON: {exc}", param="lora_path") from exc
-    if not isinstance(config, dict):
-        raise APIError(400, f"{config_file} must hold a JSON object.", param="lora_path")
-    return config
-
-
-def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
-    """The adapter's tensors exactly as stored (no cast), on the CPU; 400 if unreadable."""
-    from peft.utils import load_peft_weights
-
-    try:
-        return load_peft_weights(str(folder), device="cpu")
-    except Exception as exc:  # missing file, truncated or foreign format: the client's folder
-        raise APIError(
-            400, f"Cannot read the adapter weights in {folder}: {exc}", param="lora_path"
-        ) from exc
-
-
-def _lora_config(folder: Path, config: dict[str, Any]) -> Any:
-    """PEFT's LoraConfig from adapter_config.json; 400 naming the folder for a bad field."""
-    from peft import LoraConfig
-
-    kind = config.get("peft_type", "LORA")
-    if kind != "LORA":
-        raise APIError(
-            400, f"{folder} holds a {kind} adapter; only LoRA adapters can be served.",
-            param="lora_path",
-        )
-    fields = {k: v for k, v in config.items() if k in LoraConfig.__dataclass_fields__}
-    try:
-        lora_config = LoraConfig(**fields)
-    except Exception as exc:
-        raise APIError(
-            400, f"adapter_config.json in {folder} is not a usable LoRA config: {exc}",
-            param="lora_path",
-        ) from exc
-    lora_config.inference_mode = True
-    return lora_config

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from vfkit.serve.errors import APIError
-from vfkit.serve.lora import AdapterFiles, ServedAdapters, check_load_request
+from vfkit.serve.lora import ServedAdapters
+from vfkit.serve.lora_files import AdapterFiles, check_load_request
 from vfkit.serve.sequence import Sequence
 
 REQUEST_BODY: contextvars.ContextVar[Any] = contextvars.ContextVar("scripted_request_body")
