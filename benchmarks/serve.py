@@ -125,6 +125,7 @@ def _engine_summary(before: dict | None, after: dict | None, elapsed: float) -> 
         "queue_wait_ms": round(1000 * d["queue_wait_s"] / max(d["finished"], 1), 1),
         "other_s": round(d["busy_s"] - d["decode_s"] - d["sample_s"] - d["prefill_s"], 2),
         **{k: v for k, v in d.items() if k.startswith(("forwards_", "graph_")) and v},
+        **({"graph_error": after["graph_error"]} if after.get("graph_error") else {}),
     }
 
 

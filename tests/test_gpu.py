@@ -114,7 +114,8 @@ def test_graph_server_keeps_sampling_through_arena_growth_and_adapter_loads(
         sample("a", 40)
         sample(str(tiny_model_path), 40)
         stats = httpx.get(root + "/stats").json()
-    assert stats["graph_replays"] > 0 and stats["graph_captures"] >= 3, log.read_text()[-4000:]
+    assert not stats["graph_error"], log.read_text()[-4000:]
+    assert stats["graph_replays"] > 0 and stats["graph_captures"] >= 3
 
 
 def test_cuda_graph_decoding_matches_the_dynamic_path(
@@ -156,5 +157,5 @@ def test_graphs_capture_a_bf16_peft_model_and_keep_sampling(
         decoder = engine.decoder
     finally:
         engine.stop()
-    assert decoder.capture, "a capture failed: see the logged warning"
+    assert decoder.capture, decoder.error
     assert decoder.replays > 0 and decoder.captures >= 2

@@ -214,7 +214,8 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
     async def stats() -> dict[str, Any]:
         """Engine counters (not part of the OpenAI protocol): where the time goes."""
         paths = {f"forwards_{k}": v for k, v in engine.lora.path_counts.items()}
-        return {**dataclasses.asdict(engine.stats), **engine.load(), **paths}
+        graphs = {"graph_error": engine.decoder.error} if engine.decoder is not None else {}
+        return {**dataclasses.asdict(engine.stats), **engine.load(), **paths, **graphs}
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

@@ -90,6 +90,7 @@ class StaticDecoder:
         self.captures = 0
         self.replays = 0
         self.eager_steps = 0
+        self.error = ""  # why graphs were turned off (GET /stats shows it)
 
     def new_cache(self) -> StaticCache:
         """The (one) arena, emptied, for a new running batch."""
@@ -138,10 +139,11 @@ class StaticDecoder:
         if graph is None:
             try:
                 graph = self._graphs[key] = self._capture(adapters, inputs)
-            except Exception:  # a model whose forward cannot be captured: decode eagerly
+            except Exception as exc:  # a forward that cannot be captured: decode eagerly
                 log.warning("could not capture a CUDA graph of a decode step; decoding "
                             "without graphs from now on", exc_info=True)
                 self.capture = False
+                self.error = f"{type(exc).__name__}: {exc}"[:500]
                 self.eager_steps += 1
                 self._run(adapters, inputs)
                 return
