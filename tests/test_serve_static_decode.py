@@ -140,3 +140,16 @@ def test_static_cache_row_operations_keep_rows_right_aligned() -> None:
     assert not cache.worth_trimming(1)
     cache.length = 63
     assert cache.worth_trimming(1)  # the next step would not fit
+
+
+def test_cuda_graphs_setting_is_checked_against_the_device() -> None:
+    from vfkit.serve.model import use_cuda_graphs
+
+    assert not use_cuda_graphs("off", "cuda", None)
+    assert not use_cuda_graphs("auto", "cpu", None)
+    assert use_cuda_graphs("auto", "cuda:0", None)
+    assert not use_cuda_graphs("auto", "cuda", processor=object())  # image models: eager
+    with pytest.raises(ValueError, match=r"--cuda-graphs on needs a CUDA device.*--device cuda"):
+        use_cuda_graphs("on", "cpu", None)
+    with pytest.raises(ValueError, match="image-text models"):
+        use_cuda_graphs("on", "cuda", processor=object())

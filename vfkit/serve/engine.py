@@ -82,12 +82,6 @@ class Engine:
             self.decoder = StaticDecoder(
                 lora, max_rows=max_batch, max_length=max_model_len + 1, capture=capture
             )
-        # unseeded rows sample from the engine's own generator when graphs are captured: a
-        # capture that fails can leave torch's default CUDA generator unusable
-        self._rng: torch.Generator | None = None
-        if self.decoder is not None and self.decoder.capture:
-            self._rng = torch.Generator(device=self.device)
-            self._rng.seed()
         self._batch = self._new_batch()
         self.stats = EngineStats()
         self._step_s = 0.0
@@ -325,7 +319,7 @@ class Engine:
     def _sample(self, logits: torch.Tensor, rows: list[Sequence]) -> StepOutput:
         start = time.perf_counter()
         inputs = [RowInput(s.params, s.generator, s.prompt_ids, s.output_ids) for s in rows]
-        out = sample_step(logits, inputs, self._rng)
+        out = sample_step(logits, inputs, self.decoder.rng if self.decoder else None)
         self.stats.sample_s += time.perf_counter() - start
         return out
 

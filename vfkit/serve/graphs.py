@@ -91,6 +91,12 @@ class StaticDecoder:
         self.replays = 0
         self.eager_steps = 0
         self.error = ""  # why graphs were turned off (GET /stats shows it)
+        # unseeded rows sample from this generator, not torch's default one, which a capture
+        # that fails can leave unusable (every later sample raises)
+        self.rng: torch.Generator | None = None
+        if capture:
+            self.rng = torch.Generator(device=self.device)
+            self.rng.seed()
 
     def new_cache(self) -> StaticCache:
         """The (one) arena, emptied, for a new running batch."""

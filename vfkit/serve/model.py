@@ -95,11 +95,17 @@ def use_cuda_graphs(setting: str, device: str, processor) -> bool:
         return False
     if not device.startswith("cuda"):
         if setting == "on":
-            raise ValueError(f"--cuda-graphs on needs a CUDA device, and the model is on {device}")
+            raise ValueError(
+                f"--cuda-graphs on needs a CUDA device, but the model is on {device}: pass "
+                "--device cuda on a GPU machine, or leave --cuda-graphs off"
+            )
         return False
     if processor is not None:
         if setting == "on":
-            raise ValueError("--cuda-graphs on: image-text models are decoded without graphs")
+            raise ValueError(
+                "--cuda-graphs on: image-text models are decoded without graphs; "
+                "use --cuda-graphs auto or off"
+            )
         return False
     return True
 
