@@ -15,6 +15,7 @@ spellings are the same key, and `extra_body` dicts merge key by key:
 from __future__ import annotations
 
 import copy
+import hashlib
 from typing import Any
 
 from vfkit.types import SamplingArgs
@@ -50,3 +51,42 @@ def merge_sampling_args(*layers: SamplingArgs | None) -> SamplingArgs:
     if extra:
         merged["extra_body"] = extra
     return merged
+
+
+SEED_RANGE = 2**63  # the servers' (vLLM, vf-serve, OpenAI) seed is a signed 64-bit integer
+
+
+def derive_seed(seed: int, *parts: int | str) -> int:
+    """A seed for one part of a run (a step, a group, a turn) from the run's `seed`.
+
+    A hash, not a sum: nearby runs, steps and groups get unrelated streams, and the same
+    (seed, parts) always gives the same value, in any process (unlike Python's `hash`).
+    """
+    text = ":".join(str(p) for p in (seed, *parts)).encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "big") % SEED_RANGE
+
+
+def with_seed(args: SamplingArgs, seed: int | None) -> SamplingArgs:
+    """`args` with `seed` (unchanged when None)."""
+    return args if seed is None else {**args, "seed": seed % SEED_RANGE}
+
+
+def seed_rollout(args: SamplingArgs, index: int) -> SamplingArgs:
+    """The args of rollout `index` of a group: the group's `seed` + index (none: unchanged).
+
+    As sample k of one request with n > 1 gets in vLLM and vf-serve: a seeded group's
+    completions differ from each other and repeat from run to run.
+    """
+    seed = _seed_of(args)
+    return args if seed is None else with_seed(args, seed + index)
+
+
+def seed_turn(args: SamplingArgs, turn: int) -> SamplingArgs:
+    """The args of a rollout's model call number `turn` (0 = first): each turn draws afresh."""
+    seed = _seed_of(args)
+    return args if seed is None or turn == 0 else with_seed(args, derive_seed(seed, "turn", turn))
+
+
+def _seed_of(args: SamplingArgs) -> int | None:
+    seed = args.get("seed")
+    return seed if isinstance(seed, int) and not isinstance(seed, bool) else None

@@ -35,7 +35,7 @@ from vfkit.client.chat_call import (
 )
 from vfkit.client.client_config import resolve_client
 from vfkit.client.limits import SequenceLimits
-from vfkit.client.sampling import merge_sampling_args
+from vfkit.client.sampling import merge_sampling_args, seed_rollout, seed_turn
 from vfkit.client.tokens import parse_tokens
 from vfkit.envs.async_utils import error_text, maybe_await, run_sync
 from vfkit.envs.dataset import clean_messages, format_dataset, format_row, parse_info, select
@@ -177,7 +177,7 @@ class Environment:
         tools: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any] | None:
         """Call the model once; None (state marked prompt_too_long) when the context is full."""
-        args = prepare_sampling_args(sampling_args, self.message_type)
+        args = seed_turn(prepare_sampling_args(sampling_args, self.message_type), state["turn"])
         known, limits = self.known_prompt_len(state), SequenceLimits(self.max_seq_len)
         budget = None if known is None else limits.completion_budget(known)
         if budget is not None:
@@ -305,7 +305,8 @@ class Environment:
         is built from it), `gen_sampling_args` is taken as `sampling_args`, each state records
         the `sampling_args` it ran with, and every key in `state_columns` is present in each
         returned (full) state. Their `env_client` (a remote env server) must be None: vfkit
-        runs rollouts in this process.
+        runs rollouts in this process. A `seed` in the sampling args seeds the group: rollout
+        k samples with seed + k (client/sampling.py).
         """
         if env_client is not None:
             raise ConfigError("run_group(env_client=...): vfkit runs rollouts in-process and "
@@ -315,13 +316,14 @@ class Environment:
         sampling_args = sampling_args if sampling_args is not None else gen_sampling_args
         client = self.wrap_client(resolve_client(client), max_retries)
         args = self.merge_sampling_args(sampling_args)
-        states = list(await asyncio.gather(
-            *(self._rollout_safely(inp, client, model, args, gen_sem) for inp in group_inputs)
-        ))
+        states = list(await asyncio.gather(*(
+            self._rollout_safely(inp, client, model, seed_rollout(args, k), gen_sem)
+            for k, inp in enumerate(group_inputs)
+        )))
         if score:
             await self.score_states(states, score_sem)
-        for state in states:
-            state["sampling_args"] = copy.deepcopy(args)
+        for k, state in enumerate(states):
+            state["sampling_args"] = copy.deepcopy(seed_rollout(args, k))
             for column in state_columns or ():
                 state.setdefault(column, None)
         return states

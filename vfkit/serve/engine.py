@@ -149,11 +149,15 @@ class Engine:
         return self.stats.decode_steps
 
     def generator(self, seed: int | None, index: int) -> torch.Generator | None:
-        """The random source of sample `index` of a seeded request (None: the global one)."""
+        """The random source of sample `index` of a seeded request (None: the global one).
+
+        A CPU generator on every device: a seed draws the same uniforms on a CPU and a GPU
+        server, and a step's seeded draws cost no kernel launches (sampling.py gathers them).
+        """
         if seed is None:
             return None
         # wrapped into torch's 64-bit seed range (seed is validated as a signed 64-bit int)
-        return torch.Generator(device=self.device).manual_seed((seed + index) % 2**64)
+        return torch.Generator().manual_seed((seed + index) % 2**64)
 
     def load(self) -> dict[str, int]:
         """Queue and batch sizes, for /health and logs."""

@@ -123,9 +123,10 @@ def _draw(
         probs = logprobs.exp()
     cdf = probs.cumsum(dim=-1)
     uniform = torch.rand(len(rows), device=logits.device, generator=generator)
-    for i, r in enumerate(rows):
-        if r.generator is not None:
-            uniform[i] = torch.rand((), generator=r.generator, device=r.generator.device)
+    seeded = [i for i, r in enumerate(rows) if r.generator is not None]
+    if seeded:  # the rows' own (CPU) generators, moved to the device in one copy
+        draws = torch.cat([torch.rand(1, generator=rows[i].generator) for i in seeded])
+        uniform[seeded] = draws.to(uniform.device)
     targets = (uniform * cdf[:, -1])[:, None]
     drawn = torch.searchsorted(cdf, targets, right=True)[:, 0].clamp_(max=cdf.shape[1] - 1)
     if any(greedy):

@@ -250,7 +250,8 @@ class TrainerArgs(Section):
     """Run directory name under output_dir (one folder name: no '/', not '..');
     default: <env id>--<model name>."""
     seed: int = Field(0, ge=0)
-    """Seed for data order, LoRA init and dropout."""
+    """Seed for data order, LoRA init, dropout, and rollout sampling: every rollout request
+    carries a seed derived from it, the step and the group (client/sampling.py)."""
     report_to: list[ReportTarget] = Field(default_factory=lambda: ["jsonl"])
     """Metric sinks besides the console: jsonl, wandb, tensorboard."""
     logging_steps: int = Field(1, ge=1)

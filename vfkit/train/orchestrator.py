@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
+from vfkit.client.sampling import derive_seed, with_seed
 from vfkit.errors import AdapterSyncError, VfkitError
 from vfkit.lora_fingerprint import fingerprint_dir
 from vfkit.train.adapter_sync import AdapterSync, check_fingerprint, check_probe
@@ -199,13 +200,20 @@ class Orchestrator:
         return Batch(step, version, groups, time.monotonic() - started)
 
     async def _generate(self, step: int, model: str) -> list[list[State]]:
-        async def group(row: dict) -> list[State]:
+        async def group(index: int, row: dict) -> list[State]:
             inputs = [dict(row) for _ in range(self.args.rollouts_per_example)]
+            args = self.seeded(self.sampling_args, "step", step, index)
             async with self.group_slots:
-                return await self.env.run_group(inputs, self.client, model, self.sampling_args)
+                return await self.env.run_group(inputs, self.client, model, args)
 
         rows = [self.rows[i] for i in self.order.indices(step)]
-        return list(await asyncio.gather(*(group(row) for row in rows)))
+        return list(await asyncio.gather(*(group(g, row) for g, row in enumerate(rows))))
+
+    def seeded(self, args: SamplingArgs, *where: int | str) -> SamplingArgs:
+        """`args` with the seed of one group of the run: a function of (seed, where) alone, so
+        a rerun, or a resumed run, sends the server the same seeds (rollout k of the group
+        adds k: client/sampling.py)."""
+        return with_seed(args, derive_seed(self.args.seed, *where))
 
     # --- policies
     def _load_verified(self, version: int, adapter_dir: Path, learner: Any) -> dict[str, float]:
@@ -260,13 +268,13 @@ class Orchestrator:
         model = self.loaded[version]
 
         async def run() -> list[State]:
-            async def one(row: dict) -> State:
+            async def one(index: int, row: dict) -> State:
+                # the same seeds at every eval: steps differ by their policy, not their draws
+                args = self.seeded(self.eval_sampling_args, "eval", index)
                 async with self.group_slots:
-                    return await self.eval_env.run_rollout(
-                        dict(row), self.client, model, self.eval_sampling_args
-                    )
+                    return await self.eval_env.run_rollout(dict(row), self.client, model, args)
 
-            return list(await asyncio.gather(*(one(row) for row in self.eval_rows)))
+            return list(await asyncio.gather(*(one(i, r) for i, r in enumerate(self.eval_rows))))
 
         states = self._call(run())
         write_rollouts(self.run.eval_rollouts_file(step), [[s] for s in states], version)
