@@ -28,7 +28,7 @@ from vfkit.train.advantages import assign_advantages
 from vfkit.train.batches import Batch, BatchSource
 from vfkit.train.config import TrainerArgs
 from vfkit.train.learner import Learner
-from vfkit.train.metrics import MetricsLogger, rollout_metrics
+from vfkit.train.metrics import MetricsLogger, StallWatch, rollout_metrics
 from vfkit.train.samples import build_samples, nothing_to_train
 
 
@@ -56,6 +56,7 @@ def run_loop(
 ) -> None:
     """Train from `state.step` (0 = fresh) to max_steps, or until `stop` is set."""
     learner.share_cores_with(source.generating)  # CPU: every core while nothing generates
+    stall = StallWatch(log.console)  # warns when steps in a row carry no learning signal
     if start_metrics := source.start(state.step):  # queue the first batches; eval at step 0
         log.log(state.step, start_metrics)
     while state.step < args.max_steps and not stop():
@@ -67,6 +68,7 @@ def run_loop(
             break
         state.step = batch.step
         metrics = train_on(batch, learner, args)
+        stall.see(state.step, batch.groups)
         metrics |= source.publish(state.step, learner.save_adapter(state.step), learner)
         evaluate = args.eval_steps and (
             state.step % args.eval_steps == 0 or state.step == args.max_steps)

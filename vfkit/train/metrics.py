@@ -141,3 +141,33 @@ def rollout_metrics(groups: list[list[dict]], kept: list[list[dict]]) -> dict[st
         "advantage/std": adv_std,
         "truncated/frac": truncated / max(1, len(states)),
     }
+
+
+class StallWatch:
+    """Warns when `steps` steps in a row gave the trainer nothing to learn from: every group's
+    rollouts scored alike, so every advantage was 0 and the loss has no gradient.
+
+    Once per stall, and the run goes on (a later batch may differ): a check that stopped it
+    would kill healthy runs on a hard patch of data. The warning says what usually causes it.
+    """
+
+    def __init__(self, console: Console, steps: int = 5) -> None:
+        self.console, self.steps, self.alike = console, steps, 0
+
+    def see(self, step: int, groups: list[list[dict]]) -> None:
+        """Count this step's batch (advantages already set) and warn at the stall's Nth step."""
+        done = [s for g in groups for s in g if not s.get("error")]
+        signal = any(abs(float(s.get("advantage") or 0.0)) > 1e-8 for s in done)
+        self.alike = 0 if signal else self.alike + 1
+        if self.alike != self.steps:
+            return
+        mean = _mean_std([float(s.get("reward") or 0.0) for s in done])[0]
+        self.console.print(
+            f"[yellow]warning:[/] steps {step - self.steps + 1}-{step} learned nothing: every"
+            f" group's rollouts scored alike (mean reward {mean:.3f}). Reward 0 everywhere: the"
+            " task is too hard for this model or the reward is broken (check with vf-eval)."
+            " One answer to every prompt: the policy has collapsed, most often from a"
+            " learning rate too high without a trust region; lower"
+            " trainer.args.learning_rate or set trainer.args.ratio_against = \"sampler\".",
+            soft_wrap=True,
+        )
