@@ -225,12 +225,18 @@ def test_rollout_records_keep_each_turns_images(vlm_path: Path, tmp_path: Path) 
     first = [user(RED)]
     second = [*first, {"role": "assistant", "content": "red"}, user(BLUE, text="And now?")]
     live = state(turn(proc, first, "red"), turn(proc, second, "blue"))
+    live["prompt"], live["completion"] = first, [*second[1:], {"role": "assistant",
+                                                               "content": "blue"}]
     path = tmp_path / "rollouts" / "step_1.jsonl"
     write_rollouts(path, [[live]], policy_version=0)
-    record = json.loads(path.read_text())
+    text = path.read_text()
+    record = json.loads(text)
     assert record["images"] == [RED, BLUE]  # each image once per rollout
+    assert text.count(RED) == 1 and text.count(BLUE) == 1  # not again in prompt or completion
     assert [s["image_refs"] for s in record["trajectory"]] == [[0], [0, 1]]
     (saved,), _ = read_rollouts(path)
+    assert saved[0]["prompt"] == live["prompt"]  # read back as sampled
+    assert saved[0]["completion"] == live["completion"]
     (from_live,) = rollout_samples(live)
     (from_file,) = rollout_samples(saved[0])
     assert (from_file.images, from_file.input_ids) == (from_live.images, from_live.input_ids)

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+import copy
 import hashlib
 import io
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,22 @@ def iter_image_parts(messages: Iterable[dict[str, Any]]) -> Iterator[tuple[int, 
             url = part_url(part)
             if url is not None:
                 yield i, j, url
+
+
+def map_image_urls(messages: Any, fn: Callable[[str], str]) -> Any:
+    """A copy of `messages` with each image part's URL replaced by `fn(url)`, every part's
+    shape kept (anything that is not a list of messages comes back as it is)."""
+    if not isinstance(messages, list):
+        return messages
+    out = copy.deepcopy(messages)
+    for i, j, url in list(iter_image_parts(out)):
+        part = out[i]["content"][j]
+        key = "image_url" if part.get("type") == "image_url" else "image"
+        if isinstance(part[key], dict):
+            part[key]["url"] = fn(url)
+        else:
+            part[key] = fn(url)
+    return out
 
 
 def message_image_urls(messages: Iterable[dict[str, Any]]) -> list[str]:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from vfkit.client.limits import SequenceLimits
-from vfkit.images import message_image_urls
+from vfkit.images import map_image_urls, message_image_urls
 from vfkit.train.vision import ImageInputs, is_image_processor, text_tokenizer
 from vfkit.types import State
 
@@ -83,12 +83,17 @@ _RECORD_KEYS = (
 )
 
 
+IMAGE_REF = "rollout-image:"  # a stored message's image URL: rollout-image:<index in `images`>
+
+
 def state_record(state: State, group: int, policy_version: int) -> dict[str, Any]:
     """A JSON-safe record of one rollout: its text, scores, and per-turn token fields.
 
     Each turn's prompt images are kept as they were sent (data URLs), once per rollout in
     `images`, each turn naming its own by index (`image_refs`): `--phase update` trains on
-    exactly these images, never re-rendered (samples.step_image_urls reads them back).
+    exactly these images, never re-rendered (samples.step_image_urls reads them back). The
+    record's prompt and completion name those images (rollout-image:<i>) instead of holding a
+    second copy; `read_rollouts` puts the URLs back.
     """
     record = {k: state.get(k) for k in _RECORD_KEYS}
     record["group"] = group
@@ -103,6 +108,27 @@ def state_record(state: State, group: int, policy_version: int) -> dict[str, Any
         record["trajectory"].append(entry)
     if images:
         record["images"] = list(images)
+
+        def refer(url: str) -> str:
+            return f"{IMAGE_REF}{images[url]}" if url in images else url
+
+        for key in ("prompt", "completion"):
+            record[key] = map_image_urls(record[key], refer)
+    return record
+
+
+def _restore_images(record: dict[str, Any]) -> dict[str, Any]:
+    """Undo state_record's image references in the prompt and completion."""
+    table = record.get("images") or []
+
+    def url(value: str) -> str:
+        index = value[len(IMAGE_REF):]
+        known = value.startswith(IMAGE_REF) and index.isdigit() and int(index) < len(table)
+        return table[int(index)] if known else value
+
+    if table:
+        for key in ("prompt", "completion"):
+            record[key] = map_image_urls(record.get(key), url)
     return record
 
 
@@ -122,7 +148,7 @@ def read_rollouts(path: Path) -> tuple[list[list[State]], int]:
     groups: dict[int, list[State]] = {}
     version = 0
     for line in path.read_text().splitlines():
-        record = json.loads(line)
+        record = _restore_images(json.loads(line))
         version = record.get("policy_version", 0)
         groups.setdefault(record["group"], []).append(record)
     return [groups[g] for g in sorted(groups)], version
