@@ -223,6 +223,18 @@ def test_resume_after_a_kill_loses_and_duplicates_nothing(tmp_path):
     assert meta["status"] == "completed" and meta["num_rollouts"] == 12
 
 
+def test_a_seed_in_sampling_args_repeats_an_eval_with_every_rollout_drawn_apart(tmp_path):
+    sent = []
+    for run in ("a", "b"):
+        with TestServer(echo_responder) as srv:
+            proc = vf_eval(tmp_path, "eval-echo", "-b", srv.base_url, "-m", "test-model",
+                           "-n", "4", "-r", "3", "-S", '{"seed": 5}', "-o", str(tmp_path / run))
+            assert proc.returncode == 0, proc.stderr
+            sent.append(sorted((b["messages"][-1]["content"], b["seed"]) for b in srv.requests))
+    assert sent[0] == sent[1] and len(sent[0]) == 12
+    assert len({seed for _, seed in sent[0]}) == 12  # no two rollouts share a stream
+
+
 def _port_closed(base_url: str) -> bool:
     from urllib.parse import urlparse
 

@@ -71,6 +71,22 @@ def with_seed(args: SamplingArgs, seed: int | None) -> SamplingArgs:
     return args if seed is None else {**args, "seed": seed % SEED_RANGE}
 
 
+def seed_groups(args: SamplingArgs, rows: list[dict[str, Any]]) -> list[SamplingArgs]:
+    """The args of each row's group in one seeded call: a seed derived from (seed, example_id,
+    how often that id came before), so groups draw independent streams and a rerun, or a
+    resumed eval that passes only the missing rows, gives each group the same ones."""
+    seed = _seed_of(args)
+    if seed is None:
+        return [args] * len(rows)
+    seen: dict[str, int] = {}
+    out = []
+    for i, row in enumerate(rows):
+        key = str(row.get("example_id", f"row{i}"))
+        seen[key] = seen.get(key, -1) + 1
+        out.append(with_seed(args, derive_seed(seed, "group", key, seen[key])))
+    return out
+
+
 def seed_rollout(args: SamplingArgs, index: int) -> SamplingArgs:
     """The args of rollout `index` of a group: the group's `seed` + index (none: unchanged).
 

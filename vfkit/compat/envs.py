@@ -34,6 +34,7 @@ from typing import Any
 
 from datasets import Dataset
 
+from vfkit.client.sampling import seed_groups
 from vfkit.compat.hooks import marked_methods, run_teardown
 from vfkit.compat.outputs import ClassicOutputs, ResultsSaver, build_metadata
 from vfkit.envs import env_group as _group
@@ -44,7 +45,7 @@ from vfkit.envs.async_utils import error_text, maybe_await, run_sync
 from vfkit.envs.multiturn_env import stop as _vfkit_stop
 from vfkit.errors import ConfigError
 from vfkit.evaluation.results import state_to_row
-from vfkit.types import State, StopCondition
+from vfkit.types import SamplingArgs, State, StopCondition
 
 logger = logging.getLogger(__name__)
 
@@ -144,8 +145,8 @@ class Environment(_env.Environment):
             saver = ResultsSaver(path, state_columns, save_every)
         start = time.monotonic()
 
-        async def one_group(group: list[dict[str, Any]]) -> list[State]:
-            states = await self.run_group(group, client, model, sampling_args,
+        async def one_group(group: list[dict[str, Any]], group_args: SamplingArgs) -> list[State]:
+            states = await self.run_group(group, client, model, group_args,
                                           score=score_rollouts,
                                           gen_sem=gen_sem, score_sem=score_sem,
                                           state_columns=state_columns)
@@ -155,7 +156,9 @@ class Environment(_env.Environment):
                 await maybe_await(on_group(states))
             return states
 
-        done = await asyncio.gather(*(one_group(g) for g in groups))
+        per_group = seed_groups(args, [g[0] for g in groups])  # as vfkit's generate
+        done = await asyncio.gather(*(one_group(g, a) for g, a in
+                                      zip(groups, per_group, strict=True)))
         states = [s for group in done for s in group]
         meta = build_metadata(self, model, client, states, args, state_columns,
                               saver.run_dir if saver else None, time.monotonic() - start)

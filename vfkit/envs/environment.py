@@ -35,7 +35,7 @@ from vfkit.client.chat_call import (
 )
 from vfkit.client.client_config import resolve_client
 from vfkit.client.limits import SequenceLimits
-from vfkit.client.sampling import merge_sampling_args, seed_rollout, seed_turn
+from vfkit.client.sampling import merge_sampling_args, seed_groups, seed_rollout, seed_turn
 from vfkit.client.tokens import parse_tokens
 from vfkit.envs.async_utils import error_text, maybe_await, run_sync
 from vfkit.envs.dataset import clean_messages, format_dataset, format_row, parse_info, select
@@ -338,24 +338,27 @@ class Environment:
 
         At most `max_concurrent` rollouts generate and `max_concurrent_scoring` groups score at
         once (<= 0: the environment's defaults; unbounded when those are <= 0 too). `on_group`
-        (sync or async) gets each group's states as soon as that group is scored.
+        (sync or async) gets each group's states as soon as that group is scored. A `seed` in
+        the sampling args seeds each group by its example_id (client/sampling.py).
         """
         rows = [dict(r) for r in inputs]
+        per_group = seed_groups(self.merge_sampling_args(sampling_args), rows)
         gen_n = max_concurrent if max_concurrent > 0 else self.max_concurrent
         score_n = max_concurrent_scoring if max_concurrent_scoring > 0 else (
             self.max_concurrent_scoring)
         gen_sem = asyncio.Semaphore(gen_n) if gen_n > 0 else None
         score_sem = asyncio.Semaphore(score_n) if score_n > 0 else None
 
-        async def one_group(row: dict[str, Any]) -> list[State]:
+        async def one_group(row: dict[str, Any], group_args: SamplingArgs) -> list[State]:
             group = [dict(row) for _ in range(rollouts_per_example)]
-            states = await self.run_group(group, client, model, sampling_args, gen_sem=gen_sem,
+            states = await self.run_group(group, client, model, group_args, gen_sem=gen_sem,
                                           score_sem=score_sem, state_columns=state_columns)
             if on_group is not None:
                 await maybe_await(on_group(states))
             return states
 
-        tasks = [asyncio.ensure_future(one_group(row)) for row in rows]
+        tasks = [asyncio.ensure_future(one_group(row, args))
+                 for row, args in zip(rows, per_group, strict=True)]
         try:
             groups = await asyncio.gather(*tasks)
         finally:
