@@ -87,3 +87,19 @@ def test_an_image_environment_needs_a_vision_language_model(
     with pytest.raises(ConfigError, match="text-only model") as err:
         require_static_checks(cfg, server=False)
     assert "env.id = 'train-image-colour'" in str(err.value)
+
+
+def test_a_vlm_under_transformers_4_is_refused_by_name_in_trainer_and_server(
+    vlm_path: Path, tiny_model_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import transformers
+
+    from vfkit.errors import VfkitError
+    from vfkit.serve.model import load_served_model
+
+    monkeypatch.setattr(transformers, "__version__", "4.57.6")  # what a 4.x install reports
+    for load in (lambda: load_processor(vlm_path),
+                 lambda: load_served_model(vlm_path, "float32", "cpu")):
+        with pytest.raises(VfkitError, match=r"vision-language model.*4\.57\.6.*transformers>=5"):
+            load()
+    assert load_processor(tiny_model_path) is not None  # a text model loads on 4.57 as on 5

@@ -17,7 +17,7 @@ import threading
 import urllib.parse
 from pathlib import Path
 
-from vfkit.errors import ServerError
+from vfkit.errors import ServerError, VfkitError
 
 SMOLLM2_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -154,3 +154,15 @@ def _hub_download(name: str) -> Path:
         raise ServerError(f"Model {name!r} was not found on the Hugging Face hub.") from exc
     except Exception as exc:
         raise ServerError(f"Downloading model {name!r} failed: {exc}") from exc
+
+
+def check_vlm_support(model_dir: str | Path) -> None:
+    """Vision-language models need transformers 5 (its processors and model layouts); text
+    models also run on 4.57 (benchmarks/RESULTS.md, "transformers 4.57")."""
+    import transformers
+
+    if int(transformers.__version__.split(".")[0]) < 5:
+        raise VfkitError(
+            f"{model_dir} is a vision-language model, which vfkit runs with transformers 5 or"
+            f" later (installed: {transformers.__version__}); pip install -U 'transformers>=5'"
+        )

@@ -28,8 +28,10 @@ class GrowLayer(DynamicLayer):
 
     def update(self, key_states, value_states, *args, **kwargs):
         """Append the new positions and return views over everything cached so far."""
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
+        if not self.is_initialized:  # what DynamicLayer.lazy_initialization sets (its
+            # signature differs between transformers 4.57 and 5.x; the buffers are ours)
+            self.dtype, self.device = key_states.dtype, key_states.device
+            self.is_initialized = True
         new = key_states.shape[-2]
         if self.key_buf is None or self.length + new > self.key_buf.shape[-2]:
             self._regrow(self.length + new, like=key_states)

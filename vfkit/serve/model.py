@@ -119,6 +119,9 @@ def load_served_model(path, dtype, device: str):
         return load_model(AutoModelForCausalLM, path, dtype, device), _tokenizer(path), None
     from transformers import AutoModelForImageTextToText
 
+    from vfkit.hub import check_vlm_support
+
+    check_vlm_support(path)
     processor = load_processor(path)
     model = load_model(AutoModelForImageTextToText, path, dtype, device)
     return model, processor.tokenizer, processor

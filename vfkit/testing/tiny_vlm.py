@@ -51,7 +51,11 @@ CHAT_TEMPLATE = (
 def make_vlm_processor():
     """A LlavaProcessor: the byte tokenizer + `<image>`, a PIL CLIP image processor at 32 px."""
     from transformers import LlavaProcessor
-    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
+    try:  # transformers 5.x names the PIL processor apart; in 4.x it is CLIPImageProcessor
+        from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+    except ImportError:
+        from transformers import CLIPImageProcessor as CLIPImageProcessorPil
 
     tokenizer = make_tokenizer()
     tokenizer.add_special_tokens({"additional_special_tokens": [*SPECIAL_TOKENS, IMAGE_TOKEN]})

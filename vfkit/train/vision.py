@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from vfkit.hub import check_vlm_support
 from vfkit.images import IMAGE_PART_TYPES, load_image, part_url
 
 # processor outputs that describe the text, not the images: the trainer has its own ids
@@ -36,8 +37,10 @@ def load_processor(model_dir: str | Path) -> Any:
     from transformers import AutoConfig, AutoProcessor, AutoTokenizer
 
     if is_vlm(AutoConfig.from_pretrained(model_dir)):
+        check_vlm_support(model_dir)
         return AutoProcessor.from_pretrained(model_dir)
     return AutoTokenizer.from_pretrained(model_dir)
+
 
 
 def text_tokenizer(processor: Any) -> Any:
