@@ -4,6 +4,8 @@ sends every group the seeds it had."""
 
 from __future__ import annotations
 
+import pytest
+
 from vfkit.envs.singleturn_env import SingleTurnEnv
 from vfkit.testing.scripted_server import TestServer
 
@@ -56,3 +58,26 @@ async def test_a_seeded_group_gives_rollout_k_seed_plus_k_and_records_it() -> No
         sent = sorted(b["seed"] for b in srv.requests)
     assert sent == [100, 101, 102, 103]  # before: every rollout 100, four equal completions
     assert [s["sampling_args"]["seed"] for s in states] == [100, 101, 102, 103]
+
+
+async def test_rollout_indices_give_a_partial_group_the_seeds_it_had() -> None:
+    """A resumed eval runs only a group's missing rollouts: rollout k keeps seed + k."""
+    import vfkit.compat.verifiers as classic
+
+    env = SingleTurnEnv(dataset=ROWS)
+    with TestServer(lambda body: "ok") as srv:
+        states = await env.run_group([dict(env.get_dataset()[0])] * 2, srv.client(), "m",
+                                     {"seed": 100}, rollout_indices=[2, 5])
+        assert sorted(b["seed"] for b in srv.requests) == [102, 105]
+        assert [s["sampling_args"]["seed"] for s in states] == [102, 105]
+        rows = list(env.get_dataset())
+        await env.generate(rows, srv.client(), "m", {"seed": 7}, rollouts_per_example=3)
+        full = _seeds_by_prompt(srv.requests[2:])
+        for vf in (env, classic.SingleTurnEnv(dataset=ROWS)):  # vfkit's generate and classic
+            srv.requests.clear()
+            await vf.generate(rows[1:], srv.client(), "m", {"seed": 7}, rollouts_per_example=1,
+                              rollout_indices={rows[1]["example_id"]: [2],
+                                               rows[2]["example_id"]: [0]})
+            assert _seeds_by_prompt(srv.requests) == {"q1": full["q1"][2:], "q2": full["q2"][:1]}
+        with pytest.raises(ValueError, match="rollout_indices"):
+            await env.run_group([dict(rows[0])] * 2, srv.client(), "m", rollout_indices=[0])

@@ -235,6 +235,35 @@ def test_a_seed_in_sampling_args_repeats_an_eval_with_every_rollout_drawn_apart(
     assert len({seed for _, seed in sent[0]}) == 12  # no two rollouts share a stream
 
 
+
+def test_a_resumed_seeded_eval_gives_missing_rollouts_their_own_seeds(tmp_path):
+    """Rollouts missing from a group (they failed, or a torn write) run again with the seeds
+    they had, not the group's first ones: before, a resumed rollout 2 repeated rollout 0."""
+    def seeds_by_prompt(requests: list[dict]) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
+        for body in requests:
+            out.setdefault(body["messages"][-1]["content"], []).append(body["seed"])
+        return {prompt: sorted(seeds) for prompt, seeds in out.items()}
+
+    with TestServer(echo_responder) as srv:
+        proc = vf_eval(tmp_path, "eval-echo", "-b", srv.base_url, "-m", "test-model", "-n", "3",
+                       "-r", "3", "-S", '{"seed": 5}', "-o", str(tmp_path / "evals"))
+        assert proc.returncode == 0, proc.stderr
+        first = seeds_by_prompt(srv.requests)
+        (run_dir,) = run_dirs(tmp_path / "evals")
+        path = run_dir / "results.jsonl"
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        gone = {(1, 2), (2, 1)}  # rollout 2 of example 1, rollout 1 of example 2
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows
+                                if (r["example_id"], r["rollout_idx"]) not in gone))
+        srv.requests.clear()
+        proc = vf_eval(tmp_path, "--resume", str(run_dir))
+        assert proc.returncode == 0, proc.stderr
+        resumed = seeds_by_prompt(srv.requests)
+    assert all(seeds == [seeds[0], seeds[0] + 1, seeds[0] + 2] for seeds in first.values())
+    prompt = {r["example_id"]: r["prompt"][-1]["content"] for r in rows}
+    assert resumed == {prompt[1]: [first[prompt[1]][2]], prompt[2]: [first[prompt[2]][1]]}
+
 def _port_closed(base_url: str) -> bool:
     from urllib.parse import urlparse
 

@@ -28,7 +28,7 @@ import inspect
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -123,12 +123,14 @@ class Environment(_env.Environment):
         results_path: str | Path | None = None, state_columns: list[str] | None = None,
         save_results: bool = False, save_every: int = -1, use_tqdm: bool = False,
         on_group: Callable[[list[State]], Any] | None = None,
+        rollout_indices: Mapping[Any, Sequence[int]] | None = None,
     ) -> ClassicOutputs:
         """Run `inputs` as groups and score them; states in input order.
 
         Rows sharing an `example_id` form one group (classic 0.1.8: inputs come repeated);
         with `rollouts_per_example` (vfkit / vf-eval), each row is run that many times instead.
         `use_tqdm` is accepted for classic callers; progress is shown by vf-eval, not here.
+        `rollout_indices`: example_id -> which rollouts of its group these are (vfkit's).
         """
         from vfkit.client.client_config import resolve_client
 
@@ -146,10 +148,11 @@ class Environment(_env.Environment):
         start = time.monotonic()
 
         async def one_group(group: list[dict[str, Any]], group_args: SamplingArgs) -> list[State]:
+            indices = (rollout_indices or {}).get(group[0].get("example_id"))
             states = await self.run_group(group, client, model, group_args,
                                           score=score_rollouts,
                                           gen_sem=gen_sem, score_sem=score_sem,
-                                          state_columns=state_columns)
+                                          state_columns=state_columns, rollout_indices=indices)
             if saver is not None:
                 saver.add_group(states)
             if on_group is not None:

@@ -18,7 +18,7 @@ import asyncio
 import copy
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from datasets import Dataset
@@ -297,6 +297,7 @@ class Environment:
         max_retries: int | None = None, gen_sem: asyncio.Semaphore | None = None,
         score_sem: asyncio.Semaphore | None = None, gen_sampling_args: SamplingArgs | None = None,
         state_columns: list[str] | None = None, env_client: Any = None,
+        rollout_indices: Sequence[int] | None = None,
     ) -> list[State]:
         """Run a group's rollouts concurrently, then score them together (group-level rewards).
 
@@ -306,7 +307,9 @@ class Environment:
         the `sampling_args` it ran with, and every key in `state_columns` is present in each
         returned (full) state. Their `env_client` (a remote env server) must be None: vfkit
         runs rollouts in this process. A `seed` in the sampling args seeds the group: rollout
-        k samples with seed + k (client/sampling.py).
+        k samples with seed + k (client/sampling.py). `rollout_indices` says which rollouts of
+        the group the inputs are (default 0, 1, ...): a resumed eval runs only the missing ones,
+        with the seeds they would have had.
         """
         if env_client is not None:
             raise ConfigError("run_group(env_client=...): vfkit runs rollouts in-process and "
@@ -316,13 +319,17 @@ class Environment:
         sampling_args = sampling_args if sampling_args is not None else gen_sampling_args
         client = self.wrap_client(resolve_client(client), max_retries)
         args = self.merge_sampling_args(sampling_args)
+        indices = list(range(len(group_inputs)) if rollout_indices is None else rollout_indices)
+        if len(indices) != len(group_inputs):
+            raise ValueError(f"run_group: {len(group_inputs)} inputs but rollout_indices "
+                             f"{indices}; give one index per input")
         states = list(await asyncio.gather(*(
             self._rollout_safely(inp, client, model, seed_rollout(args, k), gen_sem)
-            for k, inp in enumerate(group_inputs)
+            for k, inp in zip(indices, group_inputs, strict=True)
         )))
         if score:
             await self.score_states(states, score_sem)
-        for k, state in enumerate(states):
+        for k, state in zip(indices, states, strict=True):
             state["sampling_args"] = copy.deepcopy(seed_rollout(args, k))
             for column in state_columns or ():
                 state.setdefault(column, None)
@@ -333,6 +340,7 @@ class Environment:
         sampling_args: SamplingArgs | None = None, *, rollouts_per_example: int = 1,
         max_concurrent: int = -1, max_concurrent_scoring: int = -1, on_group: OnGroup | None = None,
         state_columns: list[str] | None = None,
+        rollout_indices: Mapping[Any, Sequence[int]] | None = None,
     ) -> GenerateOutputs:
         """Run `rollouts_per_example` rollouts per input as groups; states in input order.
 
@@ -340,6 +348,8 @@ class Environment:
         once (<= 0: the environment's defaults; unbounded when those are <= 0 too). `on_group`
         (sync or async) gets each group's states as soon as that group is scored. A `seed` in
         the sampling args seeds each group by its example_id (client/sampling.py).
+        `rollout_indices`: example_id -> which rollouts of its group to run (`run_group`'s),
+        for a resumed eval that runs only the missing ones.
         """
         rows = [dict(r) for r in inputs]
         per_group = seed_groups(self.merge_sampling_args(sampling_args), rows)
@@ -351,8 +361,10 @@ class Environment:
 
         async def one_group(row: dict[str, Any], group_args: SamplingArgs) -> list[State]:
             group = [dict(row) for _ in range(rollouts_per_example)]
+            indices = (rollout_indices or {}).get(row.get("example_id"))
             states = await self.run_group(group, client, model, group_args, gen_sem=gen_sem,
-                                          score_sem=score_sem, state_columns=state_columns)
+                                          score_sem=score_sem, state_columns=state_columns,
+                                          rollout_indices=indices)
             if on_group is not None:
                 await maybe_await(on_group(states))
             return states

@@ -103,6 +103,7 @@ async def _generate(
                 rollouts_per_example=size,
                 max_concurrent=cfg.max_concurrent,
                 on_group=on_group,
+                rollout_indices=todo,  # a partial group's rollouts keep their own seeds
             )
 
 
