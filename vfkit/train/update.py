@@ -158,7 +158,7 @@ def policy_update(
     if batches or totals.sequences:  # nothing at all (every rollout failed): no step
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    with warnings.catch_warnings():  # torch warns when a step with no sample skipped the optimizer
+    with warnings.catch_warnings():  # torch warns when a filtered-out step skipped optimizer.step
         warnings.simplefilter("ignore", UserWarning)
         scheduler.step()
     return {"loss": loss_sum, "grad_norm": grad_norm, "lr": lr, **stats.summary()}
