@@ -35,9 +35,9 @@ def recorded_batches(run: Path, steps: int, args: Any) -> list[list[Sample]]:
     batches = []
     for step in range(1, steps + 1):
         groups, _ = read_rollouts(RunDir(run).rollouts_file(step))
-        kept, _, _ = assign_advantages(groups, scale_rewards=args.scale_rewards,
-                                       zero_truncated=args.zero_truncated_completions,
-                                       filter_zero=False)
+        kept, _ = assign_advantages(groups, scale_rewards=args.scale_rewards,
+                                    zero_truncated=args.zero_truncated_completions,
+                                    filter_zero=False)
         samples, _ = build_samples(kept, max_seq_len=args.max_seq_len,
                                    mask_truncated=args.mask_truncated_completions)
         batches.append(samples)

@@ -24,7 +24,7 @@ from vfkit.train.batching import micro_batches
 from vfkit.train.config import TrainerArgs
 from vfkit.train.policy import load_policy, token_logprobs
 from vfkit.train.samples import Sample
-from vfkit.train.update import LossTotals, TokenStats, micro_batch_loss
+from vfkit.train.update import TokenStats, micro_batch_loss
 
 PROMPT_LEN, MAX_TOKENS, GROUP = 6, 8, 4
 COMPLETION_LENS = [8, 3, 5, 1, 7, 8, 2, 4]  # two groups of 4; two hit MAX_TOKENS
@@ -84,7 +84,7 @@ def _vfkit_grads(model, args, batch, sampler, pad_id, stats: TokenStats | None =
                sampling_logprobs=[0.0] * len(p) + lp, advantage=a)
         for (p, c), lp, a in zip(batch, sampler, ADVANTAGES, strict=True)
     ]
-    totals = LossTotals.of(samples)
+    totals = (sum(s.num_loss_tokens for s in samples), len(samples))
     model.train()
     for mb in micro_batches(samples, args.micro_batch_size, pad_id):
         micro_batch_loss(model, mb, args, totals, stats or TokenStats()).backward()

@@ -16,7 +16,7 @@ def test_group_mean_baseline_and_std_scaling() -> None:
 
 def test_failed_rollouts_are_excluded_from_the_baseline() -> None:
     group = [{"reward": 1.0}, {"reward": 0.0}, {"reward": 0.0, "error": "RolloutError: boom"}]
-    kept, _, counts = assign_advantages(
+    kept, counts = assign_advantages(
         [group], scale_rewards="none", zero_truncated=False, filter_zero=True
     )
     # mean over the two good rollouts = 0.5; the failed one gets no advantage
@@ -28,15 +28,15 @@ def test_zero_advantage_groups_filtered_and_counted() -> None:
     flat = [{"reward": 0.3}, {"reward": 0.3}]
     moving = [{"reward": 1.0}, {"reward": 0.0}]
     failed = [{"reward": 0.0, "error": "x"}, {"reward": 0.0, "error": "y"}]
-    kept, zero, counts = assign_advantages(
+    kept, counts = assign_advantages(
         [flat, moving, failed], scale_rewards="group", zero_truncated=False, filter_zero=True
     )
-    assert kept == [moving] and zero == [flat]
+    assert kept == [moving]
     assert (counts.kept, counts.filtered, counts.failed) == (1, 1, 1)
-    kept, zero, _ = assign_advantages(
+    kept, _ = assign_advantages(
         [flat, moving], scale_rewards="group", zero_truncated=False, filter_zero=False
     )
-    assert kept == [flat, moving] and zero == []
+    assert kept == [flat, moving]
 
 
 def test_zero_truncated_scores_truncated_rollouts_zero() -> None:

@@ -1,9 +1,8 @@
 """Which of a step's groups the trainer learns from, after `vfkit.advantage` sets advantages.
 
 The advantage itself has one home (`vfkit/advantage.py`, shared with the environment); here the
-trainer applies its config (std scaling, truncated = 0) and sets aside groups that carry no
-signal: every rollout failed (dropped), or every advantage is zero (not trained on, but still
-counted in the loss's normalizer, see `vfkit/train/update.py`). The step's metrics count both.
+trainer applies its config (std scaling, truncated = 0) and drops groups that carry no signal:
+every rollout failed, or every advantage is zero. The step's metrics count both.
 """
 
 from __future__ import annotations
@@ -29,10 +28,9 @@ def assign_advantages(
     scale_rewards: ScaleRewards,
     zero_truncated: bool,
     filter_zero: bool,
-) -> tuple[list[list[State]], list[list[State]], GroupCounts]:
-    """Set state["advantage"] on every rollout; return the groups to train on, and the groups
-    with all advantages zero that `filter_zero` set aside (no gradient when beta = 0)."""
-    counts, kept, zero = GroupCounts(), [], []
+) -> tuple[list[list[State]], GroupCounts]:
+    """Set state["advantage"] on every rollout; return the groups worth training on."""
+    counts, kept = GroupCounts(), []
     for group in groups:
         advantages_G = set_group_advantages(
             group, scale_rewards=scale_rewards, zero_truncated=zero_truncated
@@ -41,8 +39,7 @@ def assign_advantages(
             counts.failed += 1
         elif filter_zero and all(abs(a) < 1e-8 for a in advantages_G):
             counts.filtered += 1
-            zero.append(group)
         else:
             counts.kept += 1
             kept.append(group)
-    return kept, zero, counts
+    return kept, counts

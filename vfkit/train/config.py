@@ -230,10 +230,7 @@ class TrainerArgs(Section):
     scale_rewards: Literal["group", "none"] = "group"
     """Divide advantages by the group's reward std ("group") or not ("none")."""
     filter_zero_advantage: bool = True
-    """Skip the forward and backward of groups whose advantages are all zero (counted in
-    metrics). They still count in the loss's average, so with beta = 0 the step is the one the
-    whole batch gives (TRL's GRPOTrainer averages the same way); only the time is saved. With
-    beta > 0 their KL term is skipped too."""
+    """Drop groups whose advantages are all zero (they carry no gradient); counted."""
     mask_truncated_completions: bool = False
     """Exclude completions cut at max_tokens/context from the loss."""
     zero_truncated_completions: bool = False

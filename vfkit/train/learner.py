@@ -27,10 +27,8 @@ from vfkit.train.placement import cpu_threads
 from vfkit.train.policy import load_policy, probe_logprobs, resolve_model_dir, save_adapter
 from vfkit.train.rundir import RunDir
 from vfkit.train.samples import Sample
-from vfkit.train.update import LossTotals, policy_update
+from vfkit.train.update import policy_update
 from vfkit.train.vision import ImageInputs, allowed_media_dirs, is_image_processor, text_tokenizer
-
-Shared = tuple[list[Sample], "LossTotals | None"]  # what rank 0 sends the others each step
 
 
 class Learner:
@@ -79,24 +77,21 @@ class Learner:
         device = self.accelerator.device.type
         return torch.autocast(device, dtype=torch.bfloat16, enabled=self.args.bf16)
 
-    def update(self, samples: list[Sample], totals: LossTotals | None = None) -> dict[str, float]:
-        """One optimizer step on the step's samples (the main process shares them).
-
-        `totals`: the loss's normalizer when it counts samples left out of `samples` (the
-        zero-advantage groups); default: `samples` alone."""
-        return self._update(*self._share((samples, totals)))
+    def update(self, samples: list[Sample]) -> dict[str, float]:
+        """One optimizer step on the step's samples (the main process shares them)."""
+        return self._update(self._share(samples))
 
     def share_cores_with(self, generating: Callable[[], bool]) -> None:
         """Take every CPU core for micro-batches that start while `generating()` is false."""
         if self.cores is not None:
             self.cores.generating = generating
 
-    def _update(self, samples: list[Sample], totals: LossTotals | None) -> dict[str, float]:
+    def _update(self, samples: list[Sample]) -> dict[str, float]:
         self._threads_used.clear()
         metrics = policy_update(
             self.model, self.optimizer, self.scheduler, self.accelerator, samples,
             self.args, self.pad_id, self.autocast, self.images,
-            before_micro_batch=self._fit_threads, totals=totals,
+            before_micro_batch=self._fit_threads,
         )
         if self.cores is not None:  # a step whose groups were all filtered ran no micro-batch
             used = self._threads_used or [torch.get_num_threads()]
@@ -107,20 +102,19 @@ class Learner:
         if self.cores is not None:
             self._threads_used.append(self.cores.fit())
 
-    def _share(self, step: Shared | None) -> Shared | None:
-        """Several processes: the main one sends a step's samples (None: stop), the others
-        receive them."""
+    def _share(self, samples: list[Sample] | None) -> list[Sample] | None:
+        """Several processes: the main one sends its samples, the others receive them."""
         if self.accelerator.num_processes == 1:
-            return step
-        return broadcast_object_list([step])[0]
+            return samples
+        return broadcast_object_list([samples])[0]
 
     def follow(self) -> None:
         """Non-main processes: train on each step's shared samples until the main one stops."""
         acc = self.accelerator
         print(f"vf-train: rank {acc.process_index} of {acc.num_processes} trains on the samples"
               " rank 0 shares", file=sys.stderr, flush=True)
-        while (step := self._share(None)) is not None:
-            self._update(*step)
+        while (samples := self._share(None)) is not None:
+            self._update(samples)
 
     def release_followers(self) -> None:
         """Main process, at the end of the run: tell the other processes to stop."""

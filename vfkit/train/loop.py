@@ -30,7 +30,6 @@ from vfkit.train.config import TrainerArgs
 from vfkit.train.learner import Learner
 from vfkit.train.metrics import MetricsLogger, StallWatch, rollout_metrics
 from vfkit.train.samples import build_samples, nothing_to_train
-from vfkit.train.update import LossTotals
 
 
 @dataclass
@@ -89,7 +88,7 @@ def train_on(batch: Batch, learner: Learner, args: TrainerArgs) -> dict[str, flo
             " check trainer.args.max_tokens against the model's context and max_seq_len, and"
             " the server log"
         )
-    kept, zero, groups = assign_advantages(
+    kept, groups = assign_advantages(
         batch.groups, scale_rewards=args.scale_rewards,
         zero_truncated=args.zero_truncated_completions, filter_zero=args.filter_zero_advantage,
     )
@@ -97,12 +96,8 @@ def train_on(batch: Batch, learner: Learner, args: TrainerArgs) -> dict[str, flo
         kept, max_seq_len=args.max_seq_len, mask_truncated=args.mask_truncated_completions,
         images=getattr(learner, "images", None),  # a VLM policy's image processor
     )
-    # the filtered groups are not forwarded, but the loss is averaged as if they were: the step
-    # is the unfiltered batch's, as in TRL (steps with little signal stay small under AdamW)
-    skipped, _ = build_samples(zero, max_seq_len=args.max_seq_len,
-                               mask_truncated=args.mask_truncated_completions)
     started = time.monotonic()
-    metrics = learner.update(samples, LossTotals.of(samples, skipped))
+    metrics = learner.update(samples)
     train_s = time.monotonic() - started
     tokens = sum(len(s) for s in samples)
     return {

@@ -1,10 +1,7 @@
 """One optimizer step on a batch of samples: micro-batches, loss, backward, clip, step.
 
 Gradients accumulate over all micro-batches of the step; each loss is normalized by the whole
-step's token/sequence counts, so the split into micro-batches does not change the update. Those
-counts include the groups `filter_zero_advantage` set aside (all advantages zero): they carry no
-gradient, so skipping their forward and backward saves time without changing the step, which is
-the one the unfiltered batch (and TRL's GRPOTrainer) would take.
+step's token/sequence counts, so the split into micro-batches does not change the update.
 """
 
 from __future__ import annotations
@@ -14,7 +11,6 @@ import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import torch
 
@@ -24,18 +20,6 @@ from vfkit.train.losses import LOSSES, LossInputs
 from vfkit.train.policy import base_logprobs, token_logprobs
 from vfkit.train.samples import Sample
 from vfkit.train.vision import ImageInputs
-
-
-class LossTotals(NamedTuple):
-    """What a step's loss is normalized by: its loss tokens and its sequences."""
-
-    tokens: int
-    sequences: int
-
-    @classmethod
-    def of(cls, *sample_lists: list[Sample]) -> LossTotals:
-        samples = [s for samples in sample_lists for s in samples]
-        return cls(sum(s.num_loss_tokens for s in samples), len(samples))
 
 
 @dataclass
@@ -59,7 +43,7 @@ class TokenStats:
 
 
 def micro_batch_loss(
-    model: torch.nn.Module, mb: MicroBatch, args: TrainerArgs, totals: LossTotals,
+    model: torch.nn.Module, mb: MicroBatch, args: TrainerArgs, totals: tuple[int, int],
     stats: TokenStats,
 ) -> torch.Tensor:
     """The loss of one micro-batch (normalized for the whole step); records token stats."""
@@ -80,6 +64,7 @@ def micro_batch_loss(
             model, mb.input_ids_BT, mb.attention_mask_BT, args.temperature, mb.vision
         ) - logprobs_BT
         kl_BT = torch.exp(log_base_ratio_BT) - log_base_ratio_BT - 1
+    total_tokens, total_sequences = totals
     # decoupled PPO: the clip is measured from the policy before this update (one step per
     # batch: the trainer's own detached logprobs), the sampler's lag by the importance weight
     decoupled = args.ratio_against == "trainer"
@@ -88,8 +73,8 @@ def micro_batch_loss(
             logprobs_BT=logprobs_BT,
             old_logprobs_BT=logprobs_BT.detach() if decoupled else sampling_BT,
             advantages_B=mb.advantages_B, mask_BT=mask_BT, epsilon_low=args.epsilon,
-            epsilon_high=args.clip_high, total_tokens=totals.tokens,
-            total_sequences=totals.sequences, max_tokens=args.max_tokens, kl_BT=kl_BT,
+            epsilon_high=args.clip_high, total_tokens=total_tokens,
+            total_sequences=total_sequences, max_tokens=args.max_tokens, kl_BT=kl_BT,
             beta=args.beta, weight_BT=ratio_BT if decoupled else None,
         )
     )
@@ -120,16 +105,13 @@ def policy_update(
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
     images: ImageInputs | None = None,
     before_micro_batch: Callable[[], None] = lambda: None,
-    totals: LossTotals | None = None,
 ) -> dict[str, float]:
     """Train on `samples` (this rank's share of micro-batches), then one optimizer step.
 
     `images`: a vision-language policy's image processor (None for text models).
     `before_micro_batch` runs before each forward (the learner fits its CPU threads there).
-    `totals`: what the loss is normalized by, when it counts more than `samples` (the
-    zero-advantage samples left out of the forward); default: `samples` alone.
     """
-    totals = totals or LossTotals.of(samples)
+    totals = (sum(s.num_loss_tokens for s in samples), len(samples))
     batches = micro_batches(
         samples, args.micro_batch_size, pad_id,
         rank=accelerator.process_index, world=accelerator.num_processes,
@@ -149,13 +131,10 @@ def policy_update(
         loss_sum += float(loss.detach())
     lr = scheduler.get_last_lr()[0]
     grad_norm = 0.0
-    params = [p for p in model.parameters() if p.requires_grad]
-    if batches:
-        grad_norm = float(accelerator.clip_grad_norm_(params, args.max_grad_norm or math.inf))
-    elif totals.sequences:  # all left out for zero advantage: their gradient is zero, and
-        for p in params:  # AdamW still steps (momentum, weight decay) as it would on them
-            p.grad = torch.zeros_like(p)
-    if batches or totals.sequences:  # nothing at all (every rollout failed): no step
+    if batches:  # a step whose groups were all filtered changes nothing (but the schedule moves)
+        max_norm = args.max_grad_norm or math.inf
+        params = [p for p in model.parameters() if p.requires_grad]
+        grad_norm = float(accelerator.clip_grad_norm_(params, max_norm))
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     with warnings.catch_warnings():  # torch warns when a filtered-out step skipped optimizer.step

@@ -3,9 +3,8 @@
 Yu et al. 2025, "DAPO: An Open-Source LLM Reinforcement Learning System at Scale",
 arXiv:2503.14476, eq. 8: every token of the step weighs the same (sum / total tokens), and
 epsilon_high > epsilon lets low-probability tokens rise (the paper uses 0.2 / 0.28).
-Its dynamic sampling (drop groups with no signal and sample more) has no counterpart: vfkit's
-`filter_zero_advantage` skips such groups' compute but keeps them in the average. Overlong
-filtering is `mask_truncated_completions`.
+Its dynamic sampling is `filter_zero_advantage`; overlong filtering is
+`mask_truncated_completions`.
 """
 
 from __future__ import annotations
