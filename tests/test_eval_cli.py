@@ -292,8 +292,10 @@ def test_embedded_server_is_started_for_local_weights_and_stopped(tiny_model_pat
 @pytest.mark.slow
 def test_ctrl_c_stops_the_embedded_server(tiny_model_path, tmp_path):
     out = tmp_path / "evals"
+    # 512 rollouts (~7 s on 2 cores): 32 finished within 0.8 s of the first results, so a
+    # loaded machine could deliver Ctrl-C after the run had already completed
     argv = [sys.executable, "-m", "vfkit.cli.eval", "eval-echo", "-m", str(tiny_model_path),
-            "-a", '{"num_rows": 8}', "-n", "8", "-r", "4", "-t", "200", "-o", str(out)]  # fmt: skip
+            "-a", '{"num_rows": 64}', "-n", "64", "-r", "8", "-t", "200", "-o", str(out)]
     proc = subprocess.Popen(argv, cwd=tmp_path, env=cli_env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
     deadline = time.monotonic() + 240
