@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -296,8 +297,11 @@ def test_ctrl_c_stops_the_embedded_server(tiny_model_path, tmp_path):
     # loaded machine could deliver Ctrl-C after the run had already completed
     argv = [sys.executable, "-m", "vfkit.cli.eval", "eval-echo", "-m", str(tiny_model_path),
             "-a", '{"num_rows": 64}', "-n", "64", "-r", "8", "-t", "200", "-o", str(out)]
+    # the child gets Ctrl-C's default disposition, as in a terminal: a test runner started in
+    # the background has SIGINT ignored, and an ignored signal stays ignored across exec
     proc = subprocess.Popen(argv, cwd=tmp_path, env=cli_env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 240
     while not run_dirs(out):  # metadata.json appears once the server answers
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
