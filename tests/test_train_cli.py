@@ -111,9 +111,15 @@ def test_interrupted_run_exits_130(monkeypatch, tmp_path: Path, capsys) -> None:
     monkeypatch.setattr(run_checks, "require_static_checks", lambda *_a, **_k: None)  # model "m"
     config = tmp_path / "c.toml"
     config.write_text('model = "m"\n[env]\nid = "x"\n')
-    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    old = {s: signal.getsignal(s) for s in cli.STOP_SIGNALS}
     try:
         assert cli.main([str(config)]) == 130
+        # main in-process hands the caller its handlers back: an ignored SIGINT left here
+        # would be inherited by every child a later test starts
+        assert {s: signal.getsignal(s) for s in cli.STOP_SIGNALS} == old
+        monkeypatch.setattr(sys, "argv", ["vf-train", str(config)])
+        assert cli.entry() == 130  # the command itself exits with the signals ignored
+        assert all(signal.getsignal(s) == signal.SIG_IGN for s in cli.STOP_SIGNALS)
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)

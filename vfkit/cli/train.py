@@ -22,6 +22,7 @@ from pathlib import Path
 from vfkit.errors import ConfigError, VfkitError
 
 EXIT_INTERRUPTED = 130
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -40,8 +41,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def install_stop_handlers(stop) -> None:
-    """First signal: ask for a clean stop; second: interrupt at once."""
+def install_stop_handlers(stop) -> dict[int, object]:
+    """First signal: ask for a clean stop; second: interrupt at once. Returns the old handlers."""
 
     def handle(signum: int, _frame: object) -> None:
         if stop.requested:
@@ -53,8 +54,7 @@ def install_stop_handlers(stop) -> None:
             f" ({name} again stops at once)", file=sys.stderr, flush=True,
         )
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, handle)
+    return {sig: signal.signal(sig, handle) for sig in STOP_SIGNALS}
 
 
 def accelerate_argv(cfg, argv: list[str]) -> list[str] | None:
@@ -72,6 +72,7 @@ def accelerate_argv(cfg, argv: list[str]) -> list[str] | None:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
+    old_handlers: dict[int, object] = {}
     try:
         from vfkit.train.config_loader import load_config
 
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         from vfkit.train.phases import run_phase
 
         stop = StopFlag()
-        install_stop_handlers(stop)
+        old_handlers = install_stop_handlers(stop)
         run_dir, seconds = run_phase(args.phase, cfg, resume=args.resume, stop=stop)
     except ConfigError as exc:
         print(f"vf-train: config error: {exc}", file=sys.stderr)
@@ -101,13 +102,25 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("vf-train: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    finally:  # the run is over: a late signal must not interrupt the interpreter's exit
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_IGN)
+    finally:  # a caller that runs main in-process (a test, a script) gets its handlers back
+        for sig, handler in old_handlers.items():
+            signal.signal(sig, handler)
     state = "stopped early" if stop.requested else "done"
     print(f"vf-train: {state} in {seconds / 60:.1f} min; outputs in {run_dir}", file=sys.stderr)
     return 0
 
 
+def entry() -> int:
+    """The `vf-train` command: main, then exit with signals ignored.
+
+    The run is over when main returns; a late Ctrl-C (tmux, a second kill) must not interrupt
+    the interpreter's exit with a traceback from torch's shutdown.
+    """
+    code = main()
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    return code
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())
