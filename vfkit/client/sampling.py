@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+from collections.abc import Sequence
 from typing import Any
 
 from vfkit.types import SamplingArgs
@@ -95,6 +96,16 @@ def seed_rollout(args: SamplingArgs, index: int) -> SamplingArgs:
     """
     seed = _seed_of(args)
     return args if seed is None else with_seed(args, seed + index)
+
+
+def seed_rollouts(args: SamplingArgs, n: int,
+                  indices: Sequence[int] | None = None) -> list[SamplingArgs]:
+    """The args of a group's `n` rollouts; `indices` says which rollouts of the group they are
+    (default 0 .. n-1), so a resumed eval's missing rollouts get the seeds they had."""
+    indices = range(n) if indices is None else indices
+    if len(indices) != n:
+        raise ValueError(f"{n} rollouts but rollout_indices {list(indices)}; give one per rollout")
+    return [seed_rollout(args, k) for k in indices]
 
 
 def seed_turn(args: SamplingArgs, turn: int) -> SamplingArgs:

@@ -35,7 +35,7 @@ from vfkit.client.chat_call import (
 )
 from vfkit.client.client_config import resolve_client
 from vfkit.client.limits import SequenceLimits
-from vfkit.client.sampling import merge_sampling_args, seed_groups, seed_rollout, seed_turn
+from vfkit.client.sampling import merge_sampling_args, seed_groups, seed_rollouts, seed_turn
 from vfkit.client.tokens import parse_tokens
 from vfkit.envs.async_utils import error_text, maybe_await, run_sync
 from vfkit.envs.dataset import clean_messages, format_dataset, format_row, parse_info, select
@@ -301,15 +301,12 @@ class Environment:
     ) -> list[State]:
         """Run a group's rollouts concurrently, then score them together (group-level rewards).
 
-        `max_retries` overrides the environment's for this call. For callers written against
-        other verifiers versions: `client` may be a ClientConfig-shaped object (the AsyncOpenAI
-        is built from it), `gen_sampling_args` is taken as `sampling_args`, each state records
-        the `sampling_args` it ran with, and every key in `state_columns` is present in each
-        returned (full) state. Their `env_client` (a remote env server) must be None: vfkit
-        runs rollouts in this process. A `seed` in the sampling args seeds the group: rollout
-        k samples with seed + k (client/sampling.py). `rollout_indices` says which rollouts of
-        the group the inputs are (default 0, 1, ...): a resumed eval runs only the missing ones,
-        with the seeds they would have had.
+        `max_retries` overrides the environment's. A `seed` in the sampling args seeds the
+        group: rollout k samples with seed + k, k from `rollout_indices` (default 0, 1, ...; a
+        resumed eval runs only the missing ones). For other verifiers versions' callers:
+        `client` may be ClientConfig-shaped, `gen_sampling_args` means `sampling_args`, each
+        state records its `sampling_args` and has every `state_columns` key; `env_client` (a
+        remote env server) must be None, as vfkit runs rollouts in this process.
         """
         if env_client is not None:
             raise ConfigError("run_group(env_client=...): vfkit runs rollouts in-process and "
@@ -319,18 +316,15 @@ class Environment:
         sampling_args = sampling_args if sampling_args is not None else gen_sampling_args
         client = self.wrap_client(resolve_client(client), max_retries)
         args = self.merge_sampling_args(sampling_args)
-        indices = list(range(len(group_inputs)) if rollout_indices is None else rollout_indices)
-        if len(indices) != len(group_inputs):
-            raise ValueError(f"run_group: {len(group_inputs)} inputs but rollout_indices "
-                             f"{indices}; give one index per input")
+        per_rollout = seed_rollouts(args, len(group_inputs), rollout_indices)
         states = list(await asyncio.gather(*(
-            self._rollout_safely(inp, client, model, seed_rollout(args, k), gen_sem)
-            for k, inp in zip(indices, group_inputs, strict=True)
+            self._rollout_safely(inp, client, model, rollout_args, gen_sem)
+            for inp, rollout_args in zip(group_inputs, per_rollout, strict=True)
         )))
         if score:
             await self.score_states(states, score_sem)
-        for k, state in zip(indices, states, strict=True):
-            state["sampling_args"] = copy.deepcopy(seed_rollout(args, k))
+        for state, rollout_args in zip(states, per_rollout, strict=True):
+            state["sampling_args"] = copy.deepcopy(rollout_args)
             for column in state_columns or ():
                 state.setdefault(column, None)
         return states
