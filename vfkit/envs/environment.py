@@ -164,8 +164,7 @@ class Environment:
         return len(tokens["prompt_ids"]) + len(tokens["completion_ids"]) if tokens else None
 
     def mark_prompt_too_long(self, state: State) -> None:
-        state["prompt_too_long"] = True
-        state["is_truncated"] = True
+        state["prompt_too_long"] = state["is_truncated"] = True
 
     async def get_model_response(
         self,
@@ -374,10 +373,8 @@ class Environment:
 
     def _get_eval_inputs(self, num_examples: int = -1,
                          rollouts_per_example: int = 1) -> list[dict[str, Any]]:
-        """The eval rows, the whole list repeated `rollouts_per_example` times (2026-02 contract).
-
-        Callers that group by example_id (prime-rl, classic generate) regroup them.
-        """
+        """The eval rows, the whole list repeated `rollouts_per_example` times (2026-02 contract;
+        callers that group by example_id, prime-rl and classic generate, regroup them)."""
         rows = [dict(row) for row in self.get_eval_dataset(n=num_examples)]
         return [dict(row) for _ in range(max(1, rollouts_per_example)) for row in rows]
 
