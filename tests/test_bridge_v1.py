@@ -269,6 +269,53 @@ async def test_a_harness_that_knows_nothing_of_vfkit_is_scored_from_the_trace(
         assert total == pytest.approx(state["reward"])
 
 
+# A calculator episode as a harness that knows nothing of vfkit would leave it in its trace:
+# the model called `add`, read the tool's result, answered; the tool also sent an image.
+FOREIGN_TOOL_EPISODE = """
+import asyncio, json, sys
+from types import SimpleNamespace
+import pydantic
+import verifiers.v1 as v1
+import vfkit
+from vfkit.bridge.v1 import chat_message, state_from_trace
+
+env = vfkit.load_environment("calculator", num_eval_examples=1)
+row = dict(env.get_eval_dataset()[0])
+as_v1 = pydantic.TypeAdapter(v1.Message).validate_python
+call = v1.ToolCall(id="c1", name="add", arguments='{"a": 2, "b": 3}')
+image = [v1.TextContentPart(text="plot:"),
+         v1.ImageUrlContentPart(image_url=v1.ImageUrlSource(url="data:image/png;base64,AAAA"))]
+messages = [*(as_v1(m) for m in row["prompt"]),
+            v1.AssistantMessage(content=None, tool_calls=[call]),
+            v1.ToolMessage(tool_call_id="c1", name="add", content="5"),
+            v1.AssistantMessage(content="<answer>" + row["answer"] + "</answer>")]
+trace = SimpleNamespace(messages=messages, is_truncated=False, last_reply="")
+state = state_from_trace(env, row, trace)
+asyncio.run(env.rubric.score_rollout(state))
+json.dump({"completion": state["completion"], "metrics": state["metrics"],
+           "reward": state["reward"],
+           "image": chat_message(v1.ToolMessage(tool_call_id="c2", content=image))}, sys.stdout)
+"""
+
+
+@slow
+def test_a_foreign_harness_trace_keeps_tool_calls_and_images_for_the_rubric(
+        v1_python: str) -> None:
+    """A trace from another harness is scored with its tool calls: the calculator's ToolRubric
+    counts them (it counted 0 when only the text was kept), and image parts survive."""
+    out = json.loads(_run([v1_python, "-c", FOREIGN_TOOL_EPISODE], "the foreign trace"))
+    call, result, answer = out["completion"]
+    assert call["tool_calls"] == [{"id": "c1", "type": "function",
+                                   "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}]
+    assert result == {"role": "tool", "content": "5", "tool_call_id": "c1", "name": "add"}
+    assert answer["role"] == "assistant" and "<answer>" in answer["content"]
+    assert out["metrics"]["total_tool_calls"] == 1 and out["metrics"]["add_calls"] == 1
+    assert out["metrics"]["correct_answer"] == 1 and out["reward"] == 1
+    assert out["image"]["content"] == [
+        {"type": "text", "text": "plot:"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]
+
+
 @slow
 def test_a_failed_vfkit_rollout_fails_its_trace_instead_of_scoring_zero(
         v1_python: str, tmp_path: Path) -> None:

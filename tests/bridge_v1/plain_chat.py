@@ -1,6 +1,6 @@
 """A v1 harness that knows nothing of vfkit: one plain (non-streamed) chat completion.
 
-Run inside the verifiers venv; a vfkit task run under it is scored from the trace's text.
+Run inside the verifiers venv; a vfkit task run under it is scored from the trace's messages.
 """
 
 import verifiers.v1 as vf

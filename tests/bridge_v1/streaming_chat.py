@@ -4,7 +4,7 @@ verifiers' eval client streams from the model server only when the harness's own
 interception endpoint has `stream: true` (`verifiers/v1/interception/server.py`: `relay =
 streaming and not TrainClientConfig`); vfkit's harness calls without it, and verifiers' own
 streaming harnesses (`null`, `bash`) need `uv` to install their program. This one streams with
-the openai SDK and knows nothing of vfkit, so the vfkit task scores the trace's text.
+the openai SDK and knows nothing of vfkit, so the vfkit task scores the trace's messages.
 """
 
 import verifiers.v1 as vf

@@ -116,20 +116,48 @@ def record_scores(trace: vf.Trace, env: Environment, metrics: dict[str, float]) 
 
 
 def state_from_trace(env: Environment, row: dict[str, Any], trace: vf.Trace) -> dict[str, Any]:
-    """A vfkit state rebuilt from a trace another harness produced (text only, no tool calls)."""
+    """A vfkit state rebuilt from a trace another harness produced: the messages after the
+    prompt, with their images, tool calls and tool results, so that rubrics which count tool
+    calls or read a tool's answer score the episode as they would have scored vfkit's own."""
     state = env.init_state(dict(row))
+    state["is_truncated"] = bool(trace.is_truncated)
     if isinstance(state["prompt"], str):
         state["completion"] = trace.last_reply or ""
         return state
-    messages = trace.messages[len(state["prompt"]):]
-    state["completion"] = [{"role": m.role, "content": _text(m.content)} for m in messages]
+    state["completion"] = [chat_message(m) for m in trace.messages[len(state["prompt"]):]]
     return state
 
 
-def _text(content: Any) -> str:
+def chat_message(message: vf.Message) -> dict[str, Any]:
+    """A v1 message as the OpenAI chat message vfkit's parsers and rubrics read."""
+    out: dict[str, Any] = {"role": message.role, "content": _content(message.content)}
+    calls = [_tool_call(c) for c in getattr(message, "tool_calls", None) or []]
+    if calls:
+        out["tool_calls"] = calls
+    if message.role == "tool":
+        out["tool_call_id"] = message.tool_call_id
+        if message.name:
+            out["name"] = message.name
+    return out
+
+
+def _content(content: Any) -> Any:
+    """Text as a string; content with images as OpenAI content parts (text and image_url)."""
     if content is None or isinstance(content, str):
         return content or ""
-    return "".join(getattr(part, "text", "") or "" for part in content)
+    parts = [part.model_dump() for part in content]
+    if all(part["type"] == "text" for part in parts):
+        return "".join(part["text"] for part in parts)
+    return parts
+
+
+def _tool_call(call: Any) -> dict[str, Any]:
+    """A v1 ToolCall in OpenAI's shape: function calls carry `arguments`, custom tools `input`."""
+    if call.type == "custom":
+        return {"id": call.id, "type": "custom",
+                "custom": {"name": call.name, "input": call.arguments}}
+    return {"id": call.id, "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments}}
 
 
 class VfkitTaskset(vf.Taskset[VfkitTask, VfkitTasksetConfig]):
