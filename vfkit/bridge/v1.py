@@ -120,7 +120,7 @@ def state_from_trace(env: Environment, row: dict[str, Any], trace: vf.Trace) -> 
     prompt, with their images, tool calls and tool results, so that rubrics which count tool
     calls or read a tool's answer score the episode as they would have scored vfkit's own."""
     state = env.init_state(dict(row))
-    state["is_truncated"] = bool(trace.is_truncated)
+    state["is_truncated"] = bool(getattr(trace, "is_truncated", False))  # newer v1 traces
     if isinstance(state["prompt"], str):
         state["completion"] = trace.last_reply or ""
         return state
