@@ -13,7 +13,8 @@ environments, against vfkit's scripted OpenAI/vLLM-compatible test server on loo
 - prime-rl's orchestrator role (`bridge_v1/orchestrator.py`): load the taskset by id, run
   episodes through the v1 env server with the train client (token-in generate endpoint), build
   training samples from the traces; the loss mask covers exactly the model's tokens, on a
-  single-turn and a multi-turn environment.
+  single-turn and a multi-turn environment; and the same role against a real `vf-serve`, whose
+  own token route serves the train client (logprobs checked against a forward pass).
 
 vfkit itself never imports verifiers. The venv installs vfkit with `--no-deps`: the SDK needs
 nothing verifiers does not bring besides `datasets`, and the trainer's torch is not needed here.
@@ -33,7 +34,6 @@ from pathlib import Path
 import httpx
 import pytest
 from bridge_v1.recording_proxy import RecordingProxy
-from fastapi import Request
 from openai import AsyncOpenAI
 
 import vfkit as vf
@@ -114,50 +114,23 @@ def local_envs(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 # ----- vLLM's token-in route, which prime-rl's train client calls -----
-def serve_token_route(server: TestServer) -> TestServer:
-    """Add vLLM's `POST /inference/v1/generate` to a scripted server (before it starts).
-
-    A stand-in until `vfkit.serve` serves this route itself: token ids in (`token_ids`,
-    `sampling_params`), sampled ids and `{"token": "token_id:N", "logprob"}` entries out. The
-    responder sees the decoded prompt as `prompt`; bodies land in `server.requests`.
-    """
-    tok = server.tokenizer
-
-    async def generate(request: Request) -> dict:
-        body = await request.json()
-        prompt_ids, params = body["token_ids"], body.get("sampling_params") or {}
-        view = {**body, "prompt": tok.decode(prompt_ids)}
-        server.requests.append(view)
-        reply = server.responder(view)
-        ids = [*tok.encode(reply if isinstance(reply, str) else reply.content or ""),
-               tok.eos_token_id]
-        limit = params.get("max_tokens") or server.max_context - len(prompt_ids)
-        finish = "length" if len(ids) > limit else "stop"
-        ids = ids[:limit]
-        content = [{"token": f"token_id:{t}", "logprob": server.logprob} for t in ids]
-        return {"choices": [{"index": 0, "token_ids": ids, "finish_reason": finish,
-                             "logprobs": {"content": content}}],
-                "prompt_token_ids": prompt_ids, "mm_placeholders": {}}
-
-    server.app.add_api_route("/inference/v1/generate", generate, methods=["POST"])
-    return server
-
-
 def test_the_token_route_answers_as_vllm_does() -> None:
     tok = make_tokenizer()
     prompt = tok.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
     seen = []
-    with serve_token_route(TestServer(lambda req: seen.append(req["prompt"]) or "ok")) as server:
+    with TestServer(lambda req: seen.append(req["prompt"]) or "ok") as server:
         url = server.base_url.removesuffix("/v1") + "/inference/v1/generate"
-        body = {"model": "m", "token_ids": prompt, "sampling_params": {"max_tokens": 8}}
+        body = {"model": "m", "token_ids": prompt,
+                "sampling_params": {"max_tokens": 8, "logprobs": 1}}
         full = httpx.post(url, json=body).json()
         cut = httpx.post(url, json={**body, "sampling_params": {"max_tokens": 1}}).json()
+    assert server.requests[0]["token_ids"] == prompt
     assert seen[0] == tok.decode(prompt)  # the responder sees the decoded prompt
     ids = [*tok.encode("ok"), tok.eos_token_id]  # "o", "k", then eos: generation stopped
     assert full["choices"][0]["token_ids"] == ids and full["prompt_token_ids"] == prompt
     assert full["choices"][0]["finish_reason"] == "stop"
-    assert full["choices"][0]["logprobs"]["content"] == [
-        {"token": f"token_id:{t}", "logprob": -0.5} for t in ids]
+    assert [(e["token"], e["logprob"]) for e in full["choices"][0]["logprobs"]["content"]] == [
+        (f"token_id:{t}", -0.5) for t in ids]
     assert cut["choices"][0]["token_ids"] == ids[:1]
     assert cut["choices"][0]["finish_reason"] == "length"
 
@@ -400,7 +373,7 @@ def _masked_runs(mask: list[bool]) -> list[tuple[int, int]]:
 def _orchestrate(v1_python: str, tmp_path: Path, env_id: str, model, env_args: dict):
     tokenizer = make_tokenizer()
     tokenizer.save_pretrained(tmp_path / "tokenizer")
-    with serve_token_route(TestServer(model)) as server:
+    with TestServer(model) as server:
         _run([v1_python, str(ORCHESTRATOR), f"vfkit-{env_id}", server.base_url,
               str(tmp_path / "tokenizer"), str(tmp_path / "samples.json"), json.dumps(env_args)],
              "the orchestrator", timeout=600)
@@ -440,3 +413,36 @@ async def test_prime_rl_orchestrator_trains_on_exactly_the_model_tokens(
     assert sum(s["advantage"] for s in samples) == pytest.approx(0.0)  # reward - group mean
     if env_id == "guess-number":
         assert max(turns) > 1  # env responses sit between the runs, unmasked
+
+
+@slow
+async def test_prime_rl_orchestrator_samples_from_vf_serve_through_the_token_route(
+        v1_python: str, local_envs: None, tiny_model_path: Path, tmp_path: Path) -> None:
+    """prime-rl's train client against a real `vf-serve` (tiny random model, fp32): every model
+    call goes to `/inference/v1/generate`, and the logprobs a sample carries for its masked
+    tokens are the model's own (a forward pass of the same weights, temperature 1)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    args = {"num_eval_examples": 2}
+    with start_server(str(tiny_model_path), dtype="float32", log_path=tmp_path / "serve.log",
+                      extra_args=["--served-model-name", "tiny"]) as server, \
+            RecordingProxy(server.base_url) as proxy:
+        _run([v1_python, str(ORCHESTRATOR), "vfkit-reverse-text", proxy.base_url,
+              str(tiny_model_path), str(tmp_path / "samples.json"), json.dumps(args)],
+             "the orchestrator", timeout=600)
+    samples = json.loads((tmp_path / "samples.json").read_text())["samples"]
+    assert len(samples) == 2 * args["num_eval_examples"]
+    routes = [c.path for c in proxy.calls if c.path.endswith("/generate")]
+    assert routes == ["/inference/v1/generate"] * len(samples)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).eval()
+    for sample in samples:
+        ids, mask, logprobs = sample["token_ids"], sample["mask"], sample["logprobs"]
+        assert sample["ok"] and not sample["errors"] and 0.0 <= sample["reward"] <= 1.0
+        ((start, end),) = _masked_runs(mask)  # single turn: one sampled run
+        with torch.inference_mode():
+            logits = model(torch.tensor([ids[:end]])).logits[0, start - 1 : end - 1]
+        own = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[start:end])[:, None])
+        assert logprobs[start:end] == pytest.approx(own[:, 0].tolist(), abs=1e-3)
+        assert not any(logprobs[:start]) and not any(logprobs[end:])
+    assert sum(s["advantage"] for s in samples) == pytest.approx(0.0)

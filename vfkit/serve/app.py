@@ -36,6 +36,12 @@ from vfkit.serve.protocol import (
 from vfkit.serve.responses import TokenText, chat_response, completion_response
 from vfkit.serve.sequence import SamplingParams, Sequence, abort_unfinished
 from vfkit.serve.streaming import start_stream
+from vfkit.serve.token_route import (
+    GenerateRequest,
+    check_token_ids,
+    generate_response,
+    sampling_request,
+)
 from vfkit.serve.vision import MediaPolicy, VisionInputs, vision_prompt
 
 _DISCONNECT_POLL_S = 1.0
@@ -197,7 +203,8 @@ def _consume(future: asyncio.Future) -> None:
 
 
 def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
-    """The FastAPI app; routes are vLLM's so that clients do not care which server runs."""
+    """The FastAPI app; routes are vLLM's so that clients do not care which server runs
+    (the OpenAI ones, vLLM's adapter loading and its token-in `/inference/v1/generate`)."""
     app = FastAPI(title="vfkit embedded server", docs_url=None, redoc_url=None)
     server = Server(engine, config)
     app.state.server = server
@@ -250,6 +257,16 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
         return await asyncio.to_thread(
             completion_response, req, model, prompts, groups, server.tokens
         )
+
+    @app.post("/inference/v1/generate")
+    async def generate(req: GenerateRequest, request: Request) -> dict[str, Any]:
+        """vLLM's token-in route (prime-rl's train client): token ids in, token ids out."""
+        sampling = sampling_request(req)
+        adapter = server.adapter_for(req.model)
+        check_token_ids(req.token_ids, len(server.tokenizer))
+        params = sampling_params(sampling, len(req.token_ids), engine.max_model_len)
+        (seqs,) = await server.generate(request, [(req.token_ids, params)], sampling.n, adapter)
+        return generate_response(req.token_ids, seqs, server.tokens)
 
     @app.post("/v1/load_lora_adapter")
     async def load_lora(req: LoadLoraRequest) -> JSONResponse:

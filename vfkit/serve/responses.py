@@ -27,7 +27,8 @@ class TokenText:
         return f"token_id:{token_id}" if as_ids else self.text(token_id)
 
 
-def _usage(prompt_tokens: int, seqs: list[Sequence]) -> dict[str, int]:
+def usage(prompt_tokens: int, seqs: list[Sequence]) -> dict[str, int]:
+    """OpenAI's `usage`: prompt tokens (given) and the sequences' sampled tokens."""
     completion = sum(len(s.output_ids) for s in seqs)
     return {
         "prompt_tokens": prompt_tokens,
@@ -62,7 +63,7 @@ def chat_response(
         "created": int(time.time()),
         "model": model,
         "choices": choices,
-        "usage": _usage(len(prompt_ids), seqs),
+        "usage": usage(len(prompt_ids), seqs),
         "prompt_token_ids": prompt_ids if req.return_token_ids else None,
     }
 
@@ -117,14 +118,13 @@ def completion_response(
                     "token_ids": seq.output_ids if req.return_token_ids else None,
                 }
             )
-    usage = _usage(sum(map(len, prompts)), [s for g in groups for s in g])
     return {
         "id": f"cmpl-{uuid.uuid4().hex}",
         "object": "text_completion",
         "created": int(time.time()),
         "model": model,
         "choices": choices,
-        "usage": usage,
+        "usage": usage(sum(map(len, prompts)), [s for g in groups for s in g]),
     }
 
 

@@ -24,6 +24,8 @@ exists once and a test passing here passes against `vf-serve`.
   malformed JSON on purpose). A responder that raises gets a 500 naming the exception.
 - Prompts are rendered with the tokenizer's chat template (tools included) and tokenized; by
   default the tiny byte tokenizer of `vfkit.testing.tiny_model` (a token per byte, eos <|im_end|>).
+- vLLM's token-in route `/inference/v1/generate` (prime-rl's train client) is served too; its
+  responder sees the request body with `prompt` = the decoded `token_ids`.
 - Generated ids are the reply's tokens (eos appended when it "stopped"), each with logprob
   `logprob`; `max_tokens` cuts them (finish_reason "length"); `stop` strings end the text early.
 - Context: a prompt of >= `max_context` tokens, or prompt + max_tokens > `max_context`, gets
@@ -67,7 +69,8 @@ from vfkit.testing.scripted_engine import (
 
 __all__ = ["Reply", "Responder", "ScriptExhausted", "TestServer"]
 
-_GENERATION = {"/v1/chat/completions", "/v1/completions"}
+_TOKEN_ROUTE = "/inference/v1/generate"
+_GENERATION = {"/v1/chat/completions", "/v1/completions", _TOKEN_ROUTE}
 _LORA = {"/v1/load_lora_adapter": "load", "/v1/unload_lora_adapter": "unload"}
 
 
@@ -93,6 +96,8 @@ class _Recorder:
             body = json.loads(raw)
         except ValueError:
             body = None
+        if path == _TOKEN_ROUTE and isinstance(body, dict):
+            body = {**body, "prompt": self.server.decode_prompt(body.get("token_ids"))}
         if path in _LORA:
             self.server.lora_requests.append((_LORA[path], body))
         else:
@@ -212,6 +217,13 @@ class TestServer:
         """Answer the next `n` generation requests with HTTP `status` (and Retry-After if given)."""
         with self._lock:
             self._failures.extend([(status, retry_after, message)] * n)
+
+    def decode_prompt(self, token_ids: Any) -> str | None:
+        """The text of a token-route prompt, which responders see as the body's `prompt`."""
+        try:
+            return self.tokenizer.decode(token_ids)
+        except (TypeError, ValueError, OverflowError):
+            return None  # not token ids: the route itself refuses the request
 
     def delay_next(self, seconds: float, n: int = 1) -> None:
         """Hold the next `n` generation requests for `seconds` before answering."""
