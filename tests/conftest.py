@@ -19,6 +19,19 @@ def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("tiny-model"))
 
 
+@pytest.fixture(scope="module")
+def tiny_server(tiny_model_path: Path):
+    """vf-serve over the tiny model in fp32, served as "tiny" (one thread, 8 sequences at a
+    time), one per test module that asks for it."""
+    from vfkit.serve.config import ServeConfig
+    from vfkit.serve.runner import BackgroundServer
+
+    config = ServeConfig(str(tiny_model_path), served_model_name="tiny", dtype="float32",
+                         threads=1, max_num_seqs=8)
+    with BackgroundServer(config) as srv:
+        yield srv
+
+
 @pytest.fixture(scope="session")
 def vlm_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny LLaVA (random weights, byte tokenizer + <image>, 32 px CLIP) with its processor."""

@@ -21,17 +21,8 @@ MESSAGES = [{"role": "user", "content": "Say something."}]
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_path):
-    config = ServeConfig(
-        str(tiny_model_path), served_model_name=MODEL, dtype="float32", threads=1, max_num_seqs=8
-    )
-    with BackgroundServer(config) as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+def client(tiny_server):
+    return openai.OpenAI(base_url=tiny_server.base_url, api_key="unused", max_retries=0)
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +61,8 @@ def sampled(response, choice=0):
     return response.prompt_token_ids, c.token_ids, [e.logprob for e in c.logprobs.content]
 
 
-def test_health_and_models(server, client):
-    assert httpx.get(server.base_url[:-3] + "/health").status_code == 200
+def test_health_and_models(tiny_server, client):
+    assert httpx.get(tiny_server.base_url[:-3] + "/health").status_code == 200
     (card,) = client.models.list().data
     assert card.id == MODEL
     assert card.model_extra["max_model_len"] == 1024
@@ -94,9 +85,9 @@ def test_chat_ids_and_logprobs_match_forward_pass(client, ref):
     assert c.message.content == ref.tok.decode(token_ids, skip_special_tokens=True)
 
 
-async def test_concurrent_requests_batch_and_match(server, ref):
+async def test_concurrent_requests_batch_and_match(tiny_server, ref):
     """Requests of different lengths arrive together and mid-generation; each row stays exact."""
-    client = openai.AsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+    client = openai.AsyncOpenAI(base_url=tiny_server.base_url, api_key="unused", max_retries=0)
 
     async def one(i):
         await asyncio.sleep(0.02 * i)  # some join a batch that is already decoding

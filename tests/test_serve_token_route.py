@@ -10,24 +10,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from vfkit.serve.config import ServeConfig
-from vfkit.serve.runner import BackgroundServer
-
 MODEL = "tiny"
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_path):
-    config = ServeConfig(
-        str(tiny_model_path), served_model_name=MODEL, dtype="float32", threads=1, max_num_seqs=8
-    )
-    with BackgroundServer(config) as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+def client(tiny_server):
+    return openai.OpenAI(base_url=tiny_server.base_url, api_key="unused", max_retries=0)
 
 
 @pytest.fixture(scope="module")
