@@ -247,6 +247,21 @@ def test_bad_image_parts_are_400s_naming_the_part(client, media):
                "4 images", "--limit-mm-per-prompt")  # fmt: skip
 
 
+def test_the_token_route_refuses_image_placeholders_and_serves_text(server, hf):
+    """/inference/v1/generate takes no image features, so an image placeholder id is a 400
+    naming it; a text prompt of the same model is served."""
+    processor, model = hf
+    url = server.base_url.removesuffix("/v1") + "/inference/v1/generate"
+    image = model.config.image_token_id
+    text = processor.tokenizer("Which colour?")["input_ids"]
+    bad = httpx.post(url, json={"model": "vlm", "token_ids": [*text, image]})
+    assert bad.status_code == 400
+    assert bad.json()["error"]["param"] == f"token_ids[{len(text)}]"
+    good = httpx.post(url, json={"model": "vlm", "token_ids": text,
+                                 "sampling_params": {"max_tokens": 3, "temperature": 0}})
+    assert good.status_code == 200 and good.json()["choices"][0]["token_ids"]
+
+
 def test_image_sent_to_a_text_model_is_a_400(tiny_model_path):
     config = ServeConfig(str(tiny_model_path), dtype="float32", device="cpu", threads=1)
     with BackgroundServer(config) as srv:

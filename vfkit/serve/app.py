@@ -40,6 +40,7 @@ from vfkit.serve.token_route import (
     GenerateRequest,
     check_token_ids,
     generate_response,
+    image_token_id,
     sampling_request,
 )
 from vfkit.serve.vision import MediaPolicy, VisionInputs, vision_prompt
@@ -263,7 +264,7 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
         """vLLM's token-in route (prime-rl's train client): token ids in, token ids out."""
         sampling = sampling_request(req)
         adapter = server.adapter_for(req.model)
-        check_token_ids(req.token_ids, len(server.tokenizer))
+        check_token_ids(req.token_ids, len(server.tokenizer), image_token_id(engine))
         params = sampling_params(sampling, len(req.token_ids), engine.max_model_len)
         (seqs,) = await server.generate(request, [(req.token_ids, params)], sampling.n, adapter)
         return generate_response(req.token_ids, seqs, server.tokens)
