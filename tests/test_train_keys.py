@@ -362,6 +362,12 @@ def _advantages(ctx: Ctx) -> None:
     assert [s.advantage for s in kept] == pytest.approx([0.9998, -0.9998, 0.0, 0.0], abs=1e-4)
 
 
+@check("trainer.args.dynamic_sampling_rounds")  # more in test_train_dynamic_sampling.py
+def _dynamic_sampling(ctx: Ctx) -> None:
+    batch, _ = ctx.batch("trainer.args.dynamic_sampling_rounds=1", responder=lambda _: "aaaa")
+    assert len(batch.groups) == 4  # the 2 flat groups, then the 2 that were sampled for them
+
+
 @check("trainer.args.mask_truncated_completions", "trainer.args.zero_truncated_completions")
 def _truncation(ctx: Ctx) -> None:
     group = [_state(1.0, truncated=True), _state(0.5)]

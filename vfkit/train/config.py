@@ -231,6 +231,11 @@ class TrainerArgs(Section):
     """Divide advantages by the group's reward std ("group") or not ("none")."""
     filter_zero_advantage: bool = True
     """Drop groups whose advantages are all zero (they carry no gradient); counted."""
+    dynamic_sampling_rounds: int = Field(0, ge=0, le=16)
+    """Dynamic sampling (DAPO, Yu et al. 2025, arXiv:2503.14476): up to this many extra rounds
+    per batch, each sampling fresh prompts in place of the groups that came back flat (every
+    reward equal), so a step trains on up to batch_size rollouts with signal. Costs the extra
+    generation (counted in groups/resampled); 0 = off. Needs filter_zero_advantage."""
     mask_truncated_completions: bool = False
     """Exclude completions cut at max_tokens/context from the loss."""
     zero_truncated_completions: bool = False

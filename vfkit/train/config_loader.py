@@ -118,6 +118,12 @@ def check_combinations(cfg: RunConfig, source: ConfigSource | None = None) -> No
             f"{a.warmup_steps} is not below max_steps={a.max_steps}: the learning rate would "
             "never reach learning_rate; lower warmup_steps",
         )
+    if a.dynamic_sampling_rounds and not a.filter_zero_advantage:
+        raise source.error(
+            (*key, "dynamic_sampling_rounds"),
+            f"{a.dynamic_sampling_rounds} needs filter_zero_advantage = true: the flat groups"
+            " it replaces would still be trained on; set one of them back",
+        )
     if a.mask_ratio_low >= a.mask_ratio_high:
         raise source.error(
             (*key, "mask_ratio_low"),

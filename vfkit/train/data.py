@@ -1,7 +1,9 @@
 """Which prompts each step trains on: a seeded order that a resumed run reproduces exactly.
 
 The prompts of step s are a pure function of (seed, s): the dataset is reshuffled every epoch
-with seed + epoch and read in order, so the "data cursor" is just the next step number.
+with seed + epoch and read in order, so the "data cursor" is just the next step number. The
+extra prompts of dynamic sampling are a pure function of (seed, s, round) too, drawn beside
+that order so that it stays the same with or without them.
 """
 
 from __future__ import annotations
@@ -40,6 +42,15 @@ class DataOrder:
         start = (step - 1) * self.prompts_per_step
         positions = range(start, start + self.prompts_per_step)
         return [int(self._perm(p // self.num_examples)[p % self.num_examples]) for p in positions]
+
+    def refill(self, step: int, round_: int, count: int) -> list[int]:
+        """`count` more rows for step `step` (dynamic sampling, round 1, 2, ...): none of the
+        step's own rows while the dataset has others, distinct while it has enough."""
+        rng = np.random.default_rng([self.seed, step, round_])
+        own = set(self.indices(step))
+        others = [i for i in range(self.num_examples) if i not in own] or sorted(own)
+        picked = rng.choice(len(others), size=count, replace=count > len(others))
+        return [others[int(i)] for i in picked]
 
 
 def prompt_length(tokenizer: Any, prompt: Any) -> int:

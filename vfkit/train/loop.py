@@ -13,6 +13,9 @@ How this departs from GRPO (Shao et al. 2024, arXiv:2402.03300):
   update.py). `ratio_against = "sampler"` measures the clip from the sampler instead: a trust
   region across the lag (benchmarks/RESULTS.md, "The decoupled ratio").
 - KL to the base model is optional (beta, default 0), computed by disabling the adapter.
+- Groups whose rewards are all equal teach nothing and are dropped (`filter_zero_advantage`);
+  dynamic sampling (DAPO, `dynamic_sampling_rounds`, off by default) samples fresh prompts in
+  their place before the batch reaches the loop.
 
 Batches come from a `BatchSource` (batches.py): live sampling through the inference server, or
 the rollouts files of an earlier `--phase rollout` (then nothing is published or evaluated).
@@ -106,6 +109,7 @@ def train_on(batch: Batch, learner: Learner, args: TrainerArgs) -> dict[str, flo
         "groups/kept": groups.kept,
         "groups/filtered": groups.filtered,
         "groups/failed": groups.failed,
+        "groups/resampled": len(batch.groups) - args.prompts_per_batch,  # dynamic sampling
         "samples/trained": len(samples),
         "samples/too_long": counts.too_long,
         "samples/truncated_masked": counts.truncated_masked,

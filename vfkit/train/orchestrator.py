@@ -28,6 +28,7 @@ from vfkit.client.sampling import derive_seed, with_seed
 from vfkit.errors import AdapterSyncError, VfkitError
 from vfkit.lora_fingerprint import fingerprint_dir
 from vfkit.train.adapter_sync import AdapterSync, check_fingerprint, check_probe
+from vfkit.train.advantages import group_verdict
 from vfkit.train.batches import Batch
 from vfkit.train.config import TrainerArgs
 from vfkit.train.data import DataOrder, write_rollouts
@@ -200,14 +201,32 @@ class Orchestrator:
         return Batch(step, version, groups, time.monotonic() - started)
 
     async def _generate(self, step: int, model: str) -> list[list[State]]:
-        async def group(index: int, row: dict) -> list[State]:
-            inputs = [dict(row) for _ in range(self.args.rollouts_per_example)]
-            args = self.seeded(self.sampling_args, "step", step, index)
-            async with self.group_slots:
-                return await self.env.run_group(inputs, self.client, model, args)
+        """The step's groups; with dynamic sampling, then the groups that replaced flat ones
+        (all are kept: the trainer filters the flat ones, the rollouts file shows them)."""
 
-        rows = [self.rows[i] for i in self.order.indices(step)]
-        return list(await asyncio.gather(*(group(g, row) for g, row in enumerate(rows))))
+        async def group(row: dict, *where: int | str) -> list[State]:
+            inputs = [dict(row) for _ in range(self.args.rollouts_per_example)]
+            async with self.group_slots:
+                return await self.env.run_group(
+                    inputs, self.client, model, self.seeded(self.sampling_args, *where))
+
+        async def sample(indices: list[int], *where: int | str) -> list[list[State]]:
+            return list(await asyncio.gather(
+                *(group(self.rows[i], *where, g) for g, i in enumerate(indices))))
+
+        groups = newest = await sample(self.order.indices(step), "step", step)
+        for round_ in range(1, self.args.dynamic_sampling_rounds + 1):
+            flat = sum(self._verdict(g) == "flat" for g in newest)
+            if not flat:
+                break
+            newest = await sample(self.order.refill(step, round_, flat), "refill", step, round_)
+            groups = groups + newest
+        return groups
+
+    def _verdict(self, group: list[State]) -> str:
+        a = self.args
+        return group_verdict(
+            group, scale_rewards=a.scale_rewards, zero_truncated=a.zero_truncated_completions)
 
     def seeded(self, args: SamplingArgs, *where: int | str) -> SamplingArgs:
         """`args` with the seed of one group of the run: a function of (seed, where) alone, so
