@@ -94,6 +94,8 @@ BAD_REQUESTS = [
     ("chat", {"prompt_logprobs": 2}, 400, "prompt_logprobs"),
     ("text", {"logprobs": 10**6}, 400, "logprobs"),
     ("text", {"prompt": [-1]}, 400, "prompt"),
+    ("text", {"prompt": [1, 10**9]}, 400, "prompt[1]"),  # not a token of the model
+    ("text", {"prompt": [[1, 2], [3, 10**9]]}, 400, "prompt[1][1]"),
     ("text", {"prompt": [[1, 2], "mixed"]}, 400, "prompt"),
     ("text", {"prompt": ""}, 400, "prompt"),
     ("text", {"echo": True}, 400, "echo"),

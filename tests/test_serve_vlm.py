@@ -247,9 +247,10 @@ def test_bad_image_parts_are_400s_naming_the_part(client, media):
                "4 images", "--limit-mm-per-prompt")  # fmt: skip
 
 
-def test_the_token_route_refuses_image_placeholders_and_serves_text(server, hf):
-    """/inference/v1/generate takes no image features, so an image placeholder id is a 400
-    naming it; a text prompt of the same model is served."""
+def test_token_prompts_refuse_image_placeholders_and_serve_text(server, hf):
+    """The token route and /v1/completions take no image features, so an image placeholder id
+    in a prompt is a 400 naming it (it used to be served, with no image behind it); a text
+    prompt of the same model is served."""
     processor, model = hf
     url = server.base_url.removesuffix("/v1") + "/inference/v1/generate"
     image = model.config.image_token_id
@@ -260,6 +261,15 @@ def test_the_token_route_refuses_image_placeholders_and_serves_text(server, hf):
     good = httpx.post(url, json={"model": "vlm", "token_ids": text,
                                  "sampling_params": {"max_tokens": 3, "temperature": 0}})
     assert good.status_code == 200 and good.json()["choices"][0]["token_ids"]
+    client = openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0)
+    for prompt, param in (([*text, image], f"prompt[{len(text)}]"),
+                          ([text, [image, *text]], "prompt[1][0]")):
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.completions.create(model="vlm", prompt=prompt, max_tokens=2)
+        assert caught.value.body["param"] == param
+        assert "image placeholder" in caught.value.body["message"]
+    served = client.completions.create(model="vlm", prompt=text, max_tokens=2, temperature=0)
+    assert served.choices[0].finish_reason == "length"
 
 
 def test_image_sent_to_a_text_model_is_a_400(tiny_model_path):

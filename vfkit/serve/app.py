@@ -25,7 +25,12 @@ if TYPE_CHECKING:
     from vfkit.serve.engine import Engine
 from vfkit.serve.errors import APIError
 from vfkit.serve.limits import BodyLimit, refuse_unsupported
-from vfkit.serve.prompts import chat_prompt_ids, completion_prompts
+from vfkit.serve.prompts import (
+    chat_prompt_ids,
+    check_token_ids,
+    completion_prompts,
+    image_token_id,
+)
 from vfkit.serve.protocol import (
     ChatRequest,
     CompletionRequest,
@@ -36,13 +41,7 @@ from vfkit.serve.protocol import (
 from vfkit.serve.responses import TokenText, chat_response, completion_response
 from vfkit.serve.sequence import SamplingParams, Sequence, abort_unfinished
 from vfkit.serve.streaming import start_stream
-from vfkit.serve.token_route import (
-    GenerateRequest,
-    check_token_ids,
-    generate_response,
-    image_token_id,
-    sampling_request,
-)
+from vfkit.serve.token_route import GenerateRequest, generate_response, sampling_request
 from vfkit.serve.vision import MediaPolicy, VisionInputs, vision_prompt
 
 _DISCONNECT_POLL_S = 1.0
@@ -248,7 +247,8 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
             raise APIError(400, "echo=true is not supported by the embedded server.", param="echo")
         adapter = server.adapter_for(req.model)
         prompts = await asyncio.to_thread(
-            completion_prompts, req, server.tokenizer, engine.max_model_len
+            completion_prompts, req, server.tokenizer, engine.max_model_len,
+            image_token_id(engine),
         )
         jobs = [(p, sampling_params(req, len(p), engine.max_model_len)) for p in prompts]
         model = req.model or config.model_id

@@ -148,10 +148,11 @@ def _time_bound(seconds: float | None) -> Iterator[None]:
 
 
 def completion_prompts(
-    req: CompletionRequest, tokenizer: Any, max_model_len: int
+    req: CompletionRequest, tokenizer: Any, max_model_len: int, image_token: int | None = None
 ) -> list[list[int]]:
-    """Token ids of each prompt of a completions request (text is tokenized with specials).
-    Blocking: call it off the event loop."""
+    """Token ids of each prompt of a completions request (text is tokenized with specials);
+    `image_token`: an image model's placeholder id, which a prompt here may not hold (this
+    route takes no images). Blocking: call it off the event loop."""
     prompt = req.prompt
     if isinstance(prompt, str):
         prompts: list[str | list[int]] = [prompt]
@@ -162,15 +163,43 @@ def completion_prompts(
     if not prompts:
         raise APIError(400, "'prompt' must not be empty.", param="prompt")
     out = []
-    for p in prompts:
+    for j, p in enumerate(prompts):
         if isinstance(p, str):
             check_text_fits(tokenizer, p, max_model_len)
         ids = tokenizer(p)["input_ids"] if isinstance(p, str) else list(p)
         if not ids:
             raise APIError(400, "A prompt is empty after tokenization.", param="prompt")
-        if min(ids) < 0 or max(ids) >= len(tokenizer):
-            raise APIError(
-                400, f"Prompt token ids must lie in [0, {len(tokenizer)}).", param="prompt"
-            )
+        field = "prompt" if len(prompts) == 1 else f"prompt[{j}]"
+        check_token_ids(ids, len(tokenizer), image_token, field=field)
         out.append(ids)
     return out
+
+
+def check_token_ids(
+    token_ids: list[int], vocab_size: int, image_token: int | None, *, field: str = "token_ids"
+) -> None:
+    """400 naming the first id that is not a token of the served model, or that is an image
+    model's placeholder (it needs image features, which token and text prompts do not carry).
+    `field`: the request field the ids came from, named as field[i]."""
+    for i, token_id in enumerate(token_ids):
+        if not 0 <= token_id < vocab_size:
+            raise APIError(
+                400,
+                f"{field}[{i}] = {token_id} is not a token of the served model (its vocabulary "
+                f"has {vocab_size} ids, 0 to {vocab_size - 1}).",
+                param=f"{field}[{i}]",
+            )
+        if token_id == image_token:
+            raise APIError(
+                400,
+                f"{field}[{i}] = {token_id} is the model's image placeholder, and this route "
+                "takes no images; send image prompts to /v1/chat/completions.",
+                param=f"{field}[{i}]",
+            )
+
+
+def image_token_id(engine: Any) -> int | None:
+    """The served image model's image placeholder id (None for a text model)."""
+    if getattr(engine, "processor", None) is None:
+        return None
+    return getattr(getattr(engine, "vision", None), "image_token_id", None)

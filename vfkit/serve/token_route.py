@@ -67,33 +67,6 @@ def sampling_request(req: GenerateRequest) -> CompletionRequest:
     return out
 
 
-def check_token_ids(token_ids: list[int], vocab_size: int, image_token_id: int | None) -> None:
-    """400 naming the first id that is not a token of the served model, or that is an image
-    model's image placeholder (it would need image features, which this route does not take)."""
-    for i, token_id in enumerate(token_ids):
-        if not 0 <= token_id < vocab_size:
-            raise APIError(
-                400,
-                f"token_ids[{i}] = {token_id} is not a token of the served model (its "
-                f"vocabulary has {vocab_size} ids, 0 to {vocab_size - 1}).",
-                param=f"token_ids[{i}]",
-            )
-        if token_id == image_token_id:
-            raise APIError(
-                400,
-                f"token_ids[{i}] = {token_id} is the model's image placeholder, and the token "
-                "route takes no images here; send image prompts to /v1/chat/completions.",
-                param=f"token_ids[{i}]",
-            )
-
-
-def image_token_id(engine: Any) -> int | None:
-    """The served image model's image placeholder id (None for a text model)."""
-    if getattr(engine, "processor", None) is None:
-        return None
-    return getattr(getattr(engine, "vision", None), "image_token_id", None)
-
-
 def generate_response(
     prompt_ids: list[int], seqs: list[Sequence], tokens: TokenText
 ) -> dict[str, Any]:
