@@ -28,6 +28,18 @@ def test_good_config_passes_and_prints_the_plan(tmp_path: Path, config: Path) ->
     assert not (tmp_path / "outputs").exists()  # a dry run writes nothing
 
 
+@pytest.mark.slow
+def test_dynamic_sampling_is_in_the_plan_and_needs_the_filter(tmp_path: Path, config: Path) -> None:
+    out = vfrl(tmp_path, "--dry-run", str(config), "trainer.args.dynamic_sampling_rounds=2")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "flat groups resampled up to 2 more round(s)" in out.stdout
+    bad = vfrl(tmp_path, "--dry-run", str(config), "trainer.args.dynamic_sampling_rounds=2",
+               "trainer.args.filter_zero_advantage=false")
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr
+    assert "trainer.args.dynamic_sampling_rounds" in bad.stderr
+    assert "filter_zero_advantage = true" in bad.stderr
+
+
 def test_bad_key_names_the_key_and_the_nearest_one(tmp_path: Path, config: Path) -> None:
     out = vfrl(tmp_path, "--dry-run", str(config), "trainer.args.learning_rat=1e-4")
     assert out.returncode != 0

@@ -143,7 +143,9 @@ def format_plan(plan: Plan, cfg: RunConfig, mode: str) -> str:
         + (f", eval every {plan.eval_steps} steps" if plan.eval_steps else ", no eval"),
         f"per step   {plan.rollouts_per_step} rollouts = {plan.prompts_per_step} prompts × "
         f"{a.rollouts_per_example}; {plan.micro_batches_per_step} micro-batch(es) of "
-        f"{a.micro_batch_size} per process",
+        f"{a.micro_batch_size} per process"
+        + (f"; flat groups resampled up to {a.dynamic_sampling_rounds} more round(s)"
+           if a.dynamic_sampling_rounds else ""),
     ]
     if plan.tokens_per_step is not None:
         lines.append(
