@@ -73,7 +73,7 @@ def test_flat_groups_are_replaced_until_the_batch_has_signal(tiny_model_path, tm
     ids = [g[0]["example_id"] for g in groups]
     # the step's own prompts first (flat), then two fresh ones, which had signal: one round
     assert ids[:2] == step1 and len(ids) == 4 and not set(ids[2:]) & set(step1)
-    assert ids[2:] == DataOrder(16, 2, seed=0).refill(1, 1, 2)
+    assert ids[2:] == DataOrder(16, 2, seed=0).refill(1, 1, 2, set(step1))
     assert [len({r["reward"] for r in g}) for g in groups] == [1, 1, 4, 4]
     first = rows[0]
     assert (first["groups/kept"], first["groups/filtered"], first["groups/resampled"]) == (2, 2, 2)
@@ -118,10 +118,19 @@ def test_it_needs_the_zero_group_filter(tiny_model_path, tmp_path) -> None:
 
 def test_refill_rows_are_seeded_fresh_and_distinct() -> None:
     order = DataOrder(10, 3, seed=5)
-    own = set(order.indices(2))
-    rows = order.refill(2, 1, 4)
-    assert rows == order.refill(2, 1, 4) and rows != order.refill(2, 2, 4)
-    assert len(set(rows)) == 4 and not own & set(rows)
+    taken = {*order.indices(2), 9}
+    rows = order.refill(2, 1, 4, taken)
+    assert rows == order.refill(2, 1, 4, taken) and rows != order.refill(2, 2, 4, taken)
+    assert len(set(rows)) == 4 and not taken & set(rows)
     assert order.indices(2) == DataOrder(10, 3, seed=5).indices(2)  # the order is untouched
-    crowded = DataOrder(4, 3, seed=0).refill(1, 1, 5)  # one other row: repeats, never own rows
-    assert set(crowded) == set(range(4)) - set(DataOrder(4, 3, seed=0).indices(1))
+    crowded = order.refill(2, 1, 9, taken)  # 6 rows left: repeats, never a taken row
+    assert len(crowded) == 9 and set(crowded) <= set(range(10)) - taken
+    assert set(order.refill(2, 1, 3, set(range(10)))) <= set(range(10))  # all taken: any row
+
+
+def test_later_rounds_do_not_repeat_earlier_refills(tiny_model_path, tmp_path) -> None:
+    responder = FlatFor(None)  # every round flat: 3 rounds of 2 fresh prompts each
+    run_dir, _ = run(tiny_model_path, tmp_path, responder, ROUNDS + "3",
+                     "trainer.args.max_steps=1")
+    ids = [g[0]["example_id"] for g in groups_in_file(run_dir, 1)]
+    assert len(ids) == 8 and len(set(ids)) == 8

@@ -43,12 +43,12 @@ class DataOrder:
         positions = range(start, start + self.prompts_per_step)
         return [int(self._perm(p // self.num_examples)[p % self.num_examples]) for p in positions]
 
-    def refill(self, step: int, round_: int, count: int) -> list[int]:
-        """`count` more rows for step `step` (dynamic sampling, round 1, 2, ...): none of the
-        step's own rows while the dataset has others, distinct while it has enough."""
+    def refill(self, step: int, round_: int, count: int, taken: set[int]) -> list[int]:
+        """`count` more rows for step `step` (dynamic sampling, round 1, 2, ...), none of
+        `taken` (the rows the step sampled so far) while the dataset has others, distinct
+        while it has enough."""
         rng = np.random.default_rng([self.seed, step, round_])
-        own = set(self.indices(step))
-        others = [i for i in range(self.num_examples) if i not in own] or sorted(own)
+        others = [i for i in range(self.num_examples) if i not in taken] or sorted(taken)
         picked = rng.choice(len(others), size=count, replace=count > len(others))
         return [others[int(i)] for i in picked]
 

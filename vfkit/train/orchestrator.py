@@ -214,13 +214,15 @@ class Orchestrator:
             return list(await asyncio.gather(
                 *(group(self.rows[i], *where, g) for g, i in enumerate(indices))))
 
-        groups = newest = await sample(self.order.indices(step), "step", step)
+        taken = self.order.indices(step)
+        groups = newest = await sample(taken, "step", step)
         for round_ in range(1, self.args.dynamic_sampling_rounds + 1):
             flat = sum(self._verdict(g) == "flat" for g in newest)
             if not flat:
                 break
-            newest = await sample(self.order.refill(step, round_, flat), "refill", step, round_)
-            groups = groups + newest
+            fresh = self.order.refill(step, round_, flat, set(taken))
+            newest = await sample(fresh, "refill", step, round_)
+            groups, taken = groups + newest, taken + fresh
         return groups
 
     def _verdict(self, group: list[State]) -> str:
