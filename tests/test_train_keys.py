@@ -1,5 +1,5 @@
 """Every config key takes effect: one check per key, and a test that no key lacks a check
-(the optimizer, LoRA and loss keys are in test_train_keys_learner.py).
+(the optimizer, LoRA, loss and advantage keys are in test_train_keys_learner.py).
 
 Checks talk to the scripted TestServer over real HTTP, build a Learner on the tiny model, or
 call the function that reads the key, and assert the value changed what it should.
@@ -350,31 +350,6 @@ def _sync(ctx: Ctx) -> None:
         with pytest.raises(AdapterSyncError, match="did not land as trained"):
             ctx.run("trainer.args.max_steps=1", "trainer.args.adapter_probe_tolerance=0.1",
                     'trainer.args.run_name="probe"')
-
-
-# ----------------------------------------------------------------------------- advantages
-@check("trainer.args.scale_rewards", "trainer.args.filter_zero_advantage")
-def _advantages(ctx: Ctx) -> None:
-    moving, flat = [_state(1.0), _state(0.0)], [_state(0.5), _state(0.5)]
-    kept = _train_on([moving, flat], 'trainer.args.scale_rewards="none"', ctx=ctx)
-    assert [s.advantage for s in kept] == [0.5, -0.5]  # the flat group was filtered
-    kept = _train_on([moving, flat], "trainer.args.filter_zero_advantage=false", ctx=ctx)
-    assert [s.advantage for s in kept] == pytest.approx([0.9998, -0.9998, 0.0, 0.0], abs=1e-4)
-
-
-@check("trainer.args.dynamic_sampling_rounds")  # more in test_train_dynamic_sampling.py
-def _dynamic_sampling(ctx: Ctx) -> None:
-    batch, _ = ctx.batch("trainer.args.dynamic_sampling_rounds=1", responder=lambda _: "aaaa")
-    assert len(batch.groups) == 4  # the 2 flat groups, then the 2 that were sampled for them
-
-
-@check("trainer.args.mask_truncated_completions", "trainer.args.zero_truncated_completions")
-def _truncation(ctx: Ctx) -> None:
-    group = [_state(1.0, truncated=True), _state(0.5)]
-    assert len(_train_on([group], "trainer.args.mask_truncated_completions=true", ctx=ctx)) == 1
-    kept = _train_on([group], "trainer.args.zero_truncated_completions=true",
-                     'trainer.args.scale_rewards="none"', ctx=ctx)
-    assert [s.advantage for s in kept] == [-0.25, 0.25]  # rewards (0, 0.5)
 
 
 # ----------------------------------------------------------------------------- coverage

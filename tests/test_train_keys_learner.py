@@ -1,5 +1,6 @@
 """Every config key takes effect, part 2: the keys the Learner reads (optimizer, schedule,
-precision, LoRA, loss). Registry and coverage test: test_train_keys.py."""
+precision, LoRA, loss), and the advantage keys the loop reads. Registry and coverage test:
+test_train_keys.py."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_train_keys import Ctx, _samples, check, params
+from test_train_keys import Ctx, _samples, _state, _train_on, check, params
 
 from vfkit.errors import ConfigError
 
@@ -161,6 +162,31 @@ def _beta(ctx: Ctx) -> None:
     learner.update(_samples(4))  # the adapter moves away from the base
     assert learner.update(_samples(4))["kl/base"] > 0
 
+
+
+# ----------------------------------------------------------------------------- advantages
+@check("trainer.args.scale_rewards", "trainer.args.filter_zero_advantage")
+def _advantages(ctx: Ctx) -> None:
+    moving, flat = [_state(1.0), _state(0.0)], [_state(0.5), _state(0.5)]
+    kept = _train_on([moving, flat], 'trainer.args.scale_rewards="none"', ctx=ctx)
+    assert [s.advantage for s in kept] == [0.5, -0.5]  # the flat group was filtered
+    kept = _train_on([moving, flat], "trainer.args.filter_zero_advantage=false", ctx=ctx)
+    assert [s.advantage for s in kept] == pytest.approx([0.9998, -0.9998, 0.0, 0.0], abs=1e-4)
+
+
+@check("trainer.args.dynamic_sampling_rounds")  # more in test_train_dynamic_sampling.py
+def _dynamic_sampling(ctx: Ctx) -> None:
+    batch, _ = ctx.batch("trainer.args.dynamic_sampling_rounds=1", responder=lambda _: "aaaa")
+    assert len(batch.groups) == 4  # the 2 flat groups, then the 2 that were sampled for them
+
+
+@check("trainer.args.mask_truncated_completions", "trainer.args.zero_truncated_completions")
+def _truncation(ctx: Ctx) -> None:
+    group = [_state(1.0, truncated=True), _state(0.5)]
+    assert len(_train_on([group], "trainer.args.mask_truncated_completions=true", ctx=ctx)) == 1
+    kept = _train_on([group], "trainer.args.zero_truncated_completions=true",
+                     'trainer.args.scale_rewards="none"', ctx=ctx)
+    assert [s.advantage for s in kept] == [-0.25, 0.25]  # rewards (0, 0.5)
 
 
 @pytest.mark.parametrize("check_fn", params(__name__))
