@@ -103,6 +103,25 @@ BAD_REQUESTS = [
     ("text", {"temperature": float("nan")}, 400, "temperature"),
     ("text", {"temperature": float("inf")}, 400, "temperature"),
     ("text", {"max_tokens": "many"}, 400, "max_tokens"),
+    # each of these was served (200) as if the field were not there, or was a 500
+    ("chat", {"stop": ["x"] * 65}, 400, "stop"),
+    ("chat", {"stop": ["x" * 513]}, 400, "stop"),
+    ("chat", {"messages": [{"role": "assistant", "content": "x", "tool_calls": ["oops"]}]},
+     400, "messages[0].tool_calls[0]"),
+    ("chat", {"messages": [{"role": "assistant", "content": "", "tool_calls": [{"function": 5}]}]},
+     400, "messages[0].tool_calls[0]"),
+    ("chat", {"messages": [{"role": None, "content": "x"}]}, 400, "messages[0].role"),
+    ("chat", {"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]},
+     400, "messages[0].content[0]"),
+    ("chat", {"messages": [{"role": "user", "content": [5]}]}, 400, "messages[0].content[0]"),
+    ("chat", {"tool_choice": "bogus"}, 400, "tool_choice"),
+    ("chat", {"tool_choice": "required"}, 400, "tool_choice"),
+    ("chat", {"top_logprobs": 5}, 400, "top_logprobs"),
+    ("chat", {"continue_final_message": True, "add_generation_prompt": True},
+     400, "add_generation_prompt"),
+    ("chat", {"stop_token_ids": [-1]}, 400, "stop_token_ids[0]"),
+    ("text", {"stop_token_ids": [10**9]}, 400, "stop_token_ids[0]"),
+    ("chat", {"repetition_penalty": 1e-300}, 400, "repetition_penalty"),
 ]
 
 
@@ -133,6 +152,39 @@ def test_bad_requests_get_a_4xx_that_names_the_field(server, kind, changes, stat
     assert r.status_code == status, r.text
     error = r.json()["error"]
     assert named in error["message"] or error["param"] == named, error
+
+
+def test_a_schema_error_names_its_field_as_param(server):
+    r = post(server, "/chat/completions", {**CHAT, "messages": [{"role": "user"}], "n": 0})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n", r.text
+    r = post(server, "/completions", {**TEXT, "max_tokens": 10**6})  # the prompt is the field
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+
+
+def test_a_body_that_is_not_json_says_so(server):
+    r = httpx.post(f"{server.base_url}/chat/completions", content=b'{"model": ',
+                   headers={"Content-Type": "application/json"})  # fmt: skip
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"], r.text
+    r = httpx.post(f"{server.base_url}/chat/completions", content=json.dumps(CHAT))  # no type
+    assert r.status_code == 400 and "application/json" in r.json()["error"]["message"], r.text
+
+
+LONE_SURROGATES = [  # json.dumps escapes them as \ud800, as a Python client sends them
+    ("/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "a\ud800"}]},
+     "messages[0].content"),
+    ("/completions", {**TEXT, "prompt": "a\udc00"}, "prompt"),
+    ("/completions", {**TEXT, "model": "x\ud800"}, "model"),
+    ("/unload_lora_adapter", {"lora_name": "\ud800"}, "lora_name"),
+    ("/load_lora_adapter", {"lora_name": "n", "lora_path": "/tmp/\ud800"}, "lora_path"),
+]
+
+
+@pytest.mark.parametrize(("route", "body", "field"), LONE_SURROGATES,
+                         ids=[f for _, _, f in LONE_SURROGATES])  # fmt: skip
+def test_a_lone_surrogate_is_a_400_naming_the_field(server, route, body, field):
+    r = post(server, route, body, timeout=30)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == field, r.text
 
 
 def test_the_server_still_serves_after_the_hostile_table(server):

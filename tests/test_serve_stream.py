@@ -11,6 +11,7 @@ import pytest
 from vfkit.cli.serve import build_parser, config_from_args
 from vfkit.serve.config import ServeConfig
 from vfkit.serve.runner import BackgroundServer
+from vfkit.serve.streaming import _stop_prefix_at_end
 
 MESSAGES = [{"role": "user", "content": "Tell me a story"}]
 IDS = {"return_token_ids": True}
@@ -157,3 +158,21 @@ def test_chat_stream_with_n_2_keeps_choices_apart(client):
         tokens = [e["token"] for c in got for e in c["logprobs"]["content"]]
         assert tokens == [f"token_id:{t}" for t in want["token_ids"]]
         assert got[-1]["finish_reason"] == want["finish_reason"]
+
+
+@pytest.mark.parametrize(
+    ("text", "stop", "held"),
+    [
+        ("hello </ans", "</answer>", 5),  # the stop string's start is held back
+        ("hello <", "</answer>", 1),
+        ("hello", "</answer>", 0),
+        ("aaab", "aab", 0),  # "b" ends the text, and no prefix of the stop ends in "b"
+        ("xaa", "aab", 2),  # the longest ending that begins the stop: "aa", not "a"
+        ("ab", "abab", 2),
+        ("abab", "ababc", 4),
+        ("abc", "c", 0),  # a one-character stop has no proper prefix to hold
+        ("", "</answer>", 0),
+    ],
+)
+def test_the_text_held_back_is_the_longest_ending_that_begins_a_stop(text, stop, held):
+    assert _stop_prefix_at_end(text, stop) == held

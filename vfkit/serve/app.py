@@ -23,7 +23,7 @@ from vfkit.serve.config import ServeConfig
 
 if TYPE_CHECKING:
     from vfkit.serve.engine import Engine
-from vfkit.serve.errors import APIError
+from vfkit.serve.errors import APIError, validation_error
 from vfkit.serve.limits import BodyLimit, refuse_unsupported
 from vfkit.serve.prompts import (
     chat_prompt_ids,
@@ -69,6 +69,10 @@ class Server:
                 f"lora_name '{name}' is the base model's name; choose another lora_name.",
                 param="lora_name",
             )
+
+    def check_stop_ids(self, ids: list[int] | None, field: str) -> None:
+        """400 naming a stop token id that is not a token of the model (it could never stop)."""
+        check_token_ids(ids or [], len(self.tokenizer), None, field=field)
 
     def adapter_for(self, model: str | None) -> str | None:
         """None for the base model; the adapter name for a loaded adapter; else 404."""
@@ -233,6 +237,7 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
         refuse_unsupported(req.model_extra or {})
         adapter = server.adapter_for(req.model)
         prompt_ids, vision = await server.chat_prompt(req)
+        server.check_stop_ids(req.stop_token_ids, "stop_token_ids")
         params = sampling_params(req, len(prompt_ids), engine.max_model_len)
         model = req.model or config.model_id
         if req.stream:
@@ -246,6 +251,7 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
         if req.echo:
             raise APIError(400, "echo=true is not supported by the embedded server.", param="echo")
         adapter = server.adapter_for(req.model)
+        server.check_stop_ids(req.stop_token_ids, "stop_token_ids")
         prompts = await asyncio.to_thread(
             completion_prompts, req, server.tokenizer, engine.max_model_len,
             image_token_id(engine),
@@ -265,7 +271,10 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
         sampling = sampling_request(req)
         adapter = server.adapter_for(req.model)
         check_token_ids(req.token_ids, len(server.tokenizer), image_token_id(engine))
-        params = sampling_params(sampling, len(req.token_ids), engine.max_model_len)
+        server.check_stop_ids(sampling.stop_token_ids, "sampling_params.stop_token_ids")
+        params = sampling_params(
+            sampling, len(req.token_ids), engine.max_model_len, prompt_field="token_ids"
+        )
         (seqs,) = await server.generate(request, [(req.token_ids, params)], sampling.n, adapter)
         return generate_response(req.token_ids, seqs, server.tokens)
 
@@ -283,8 +292,9 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
         except APIError:
             raise
         except Exception as exc:
+            reason = str(exc) if len(str(exc)) <= 500 else str(exc)[:500] + " ..."
             raise APIError(
-                400, f"Loading adapter '{req.lora_name}' from {files.path} failed: {exc}",
+                400, f"Loading adapter '{req.lora_name}' from {files.path} failed: {reason}",
                 param="lora_path",
             ) from exc
         message = f"Success: LoRA adapter '{req.lora_name}' added successfully."
@@ -313,11 +323,7 @@ def _install_errors_and_auth(app: FastAPI, api_key: str | None) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = [
-            f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body') or 'body'}: {e.get('msg')}"
-            for e in exc.errors()
-        ]
-        return reply(APIError(400, "Invalid request: " + "; ".join(problems)))
+        return reply(validation_error(list(exc.errors())))
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, exc: HTTPException) -> JSONResponse:

@@ -25,6 +25,7 @@ from vfkit.serve.lora_files import (
     BASE,
     AdapterFiles,
     check_load_request,
+    check_tensors,
     lora_config,
     module_of,
     read_config,
@@ -162,6 +163,7 @@ class LoraManager(ServedAdapters):
 
         peft_config = lora_config(resolved, config)
         weights = read_weights(resolved)
+        check_tensors(resolved, config, weights)
         self._check_targets(resolved, weights)
         return AdapterFiles(resolved, config, peft_config, weights, fingerprint(weights))
 

@@ -7,6 +7,7 @@ engine touches the model. Shared by the embedded server and the scripted test se
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,12 +32,24 @@ class AdapterFiles:
 
 
 
+MAX_NAME_CHARS = 256
+_LORA_PARTS = ("lora_A.", "lora_B.", "lora_embedding_A", "lora_embedding_B")
+
+
 def check_load_request(name: str, path: str, *, loaded: bool, inplace: bool) -> None:
-    """vLLM's rules for a load request's name (shared with the scripted test server)."""
+    """vLLM's rules for a load request's name (shared with the scripted test server), and a
+    name a client can send back as `model`: printable, not blank, at most 256 characters."""
     if not name or not path:
         raise APIError(
             400, "Both 'lora_name' and 'lora_path' must be provided.", param="lora_name"
         )
+    if not name.strip() or not name.isprintable() or len(name) > MAX_NAME_CHARS:
+        raise APIError(
+            400, f"lora_name must be printable text of 1 to {MAX_NAME_CHARS} characters, not "
+            "blank (it is what requests name as `model`).", param="lora_name",
+        )
+    if "\x00" in path:
+        raise APIError(400, "lora_path holds a NUL character.", param="lora_path")
     if name == BASE:
         raise APIError(
             400, f"'{BASE}' is a reserved name; choose another lora_name.", param="lora_name"
@@ -83,6 +96,30 @@ def read_weights(folder: Path) -> dict[str, torch.Tensor]:
         ) from exc
 
 
+def check_tensors(folder: Path, config: dict[str, Any], weights: dict[str, torch.Tensor]) -> None:
+    """400 naming the first tensor that must not be served: one that is not a LoRA weight
+    (PEFT would copy it over the base model, which every request shares; only modules listed
+    in `modules_to_save` get their own copy), or one holding NaN or infinity."""
+    import torch
+
+    saved = config.get("modules_to_save") or []
+    for key, tensor in weights.items():
+        module = key.removeprefix("base_model.model.").rpartition(".")[0]
+        own_copy = any(module == m or module.endswith(f".{m}") for m in saved)
+        if not any(f".{part}" in key for part in _LORA_PARTS) and not own_copy:
+            raise APIError(
+                400, f"The adapter in {folder} holds '{key}', which is not a LoRA weight: "
+                "serving it would overwrite the base model's own weights. Save only the "
+                "adapter (PEFT's save_pretrained), or list the module in modules_to_save.",
+                param="lora_path",
+            )
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise APIError(
+                400, f"The adapter in {folder} holds NaN or infinite values in '{key}'; the "
+                "training run that wrote it diverged.", param="lora_path",
+            )
+
+
 def lora_config(folder: Path, config: dict[str, Any]) -> Any:
     """PEFT's LoraConfig from adapter_config.json; 400 naming the folder for a bad field."""
     from peft import LoraConfig
@@ -93,6 +130,22 @@ def lora_config(folder: Path, config: dict[str, Any]) -> Any:
             400, f"{folder} holds a {kind} adapter; only LoRA adapters can be served.",
             param="lora_path",
         )
+    refused = {
+        "use_dora": (config.get("use_dora"), "DoRA adapters cannot be served here (nor by "
+                     "vLLM); train a plain LoRA adapter"),
+        "bias": (config.get("bias", "none") != "none", "an adapter that trains biases changes "
+                 "the base model's own, which every request shares; train with bias='none'"),
+    }
+    for key, (bad, why) in refused.items():
+        if bad:
+            raise APIError(400, f"adapter_config.json in {folder}: {key}: {why}.",
+                           param="lora_path")
+    for key in ("r", "lora_alpha"):
+        value = config.get(key, 8)
+        if isinstance(value, bool) or not isinstance(value, int | float) \
+                or not math.isfinite(value):
+            raise APIError(400, f"adapter_config.json in {folder}: '{key}' must be a finite "
+                           f"number, not {value!r}.", param="lora_path")
     fields = {k: v for k, v in config.items() if k in LoraConfig.__dataclass_fields__}
     try:
         peft_config = LoraConfig(**fields)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -157,12 +158,7 @@ class Streamer:
 
     def _without_stop_prefix(self, text: str) -> str:
         """`text` less any ending that could still grow into a stop string."""
-        hold = 0
-        for stop in self.stops:
-            for k in range(min(len(stop) - 1, len(text)), 0, -1):
-                if text.endswith(stop[:k]):
-                    hold = max(hold, k)
-                    break
+        hold = max((_stop_prefix_at_end(text, stop) for stop in self.stops), default=0)
         return text[: len(text) - hold]
 
     def _chunk(self, seq, progress, delta: str, *, finish, calls=()) -> dict[str, Any]:
@@ -224,8 +220,36 @@ class Streamer:
         return body
 
 
+def _stop_prefix_at_end(text: str, stop: str) -> int:
+    """Length of the longest ending of `text` that is a proper prefix of `stop` (0 if none):
+    only the places where `stop`'s first character occurs in the tail are tried."""
+    tail = text[len(text) - min(len(stop) - 1, len(text)) :]
+    start = tail.find(stop[0]) if tail else -1
+    while start != -1:
+        if stop.startswith(tail[start:]):
+            return len(tail) - start
+        start = tail.find(stop[0], start + 1)
+    return 0
+
+
 def _sse(body: dict[str, Any]) -> str:
-    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+    """One SSE event; a non-finite number becomes null, as in the non-streaming answers
+    (a bare NaN is not JSON, and strict clients reject the whole event)."""
+    try:
+        text = json.dumps(body, ensure_ascii=False, allow_nan=False)
+    except ValueError:
+        text = json.dumps(_finite(body), ensure_ascii=False, allow_nan=False)
+    return f"data: {text}\n\n"
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def start_stream(

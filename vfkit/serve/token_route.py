@@ -19,11 +19,11 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 
 from vfkit.serve.errors import APIError
 from vfkit.serve.limits import refuse_unsupported
-from vfkit.serve.protocol import CompletionRequest
+from vfkit.serve.protocol import CompletionRequest, RequestBody
 from vfkit.serve.responses import TokenText, chat_logprob_entries, usage
 from vfkit.serve.sequence import Sequence
 
@@ -31,7 +31,7 @@ from vfkit.serve.sequence import Sequence
 _REQUEST_KEYS = ("prompt", "model", "stream", "echo", "token_ids")
 
 
-class GenerateRequest(BaseModel):
+class GenerateRequest(RequestBody):
     """POST /inference/v1/generate."""
 
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
