@@ -3,6 +3,7 @@ model answers exactly as before (an adapter file once overwrote the shared base 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 
@@ -128,3 +129,16 @@ def test_a_nul_in_the_path_is_a_400(server, folders):
     r = _load(server, "nul", str(folders["good"]) + "\x00")
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == "lora_path"
+
+
+def test_concurrent_loads_of_one_name_succeed_once(server, folders):
+    """Four loads of one new name at once: one "Success", three 400s (all four succeeded)."""
+
+    async def four():
+        async with httpx.AsyncClient(timeout=60) as client:
+            body = {"lora_name": "twice", "lora_path": str(folders["good"])}
+            url = server.base_url + "/load_lora_adapter"
+            return await asyncio.gather(*[client.post(url, json=body) for _ in range(4)])
+
+    codes = sorted(r.status_code for r in asyncio.run(four()))
+    assert codes == [200, 400, 400, 400], codes

@@ -7,10 +7,11 @@ uvicorn.run(create_app(engine, config), host="127.0.0.1", port=8000)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +57,7 @@ class Server:
         self.tokenizer = engine.tokenizer
         self.tokens = TokenText(self.tokenizer)
         self.created = int(time.time())
+        self._loading: set[str] = set()  # adapter names whose load is under way
 
     def base_names(self) -> set[str]:
         """Every `model` value that means the base model."""
@@ -69,6 +71,21 @@ class Server:
                 f"lora_name '{name}' is the base model's name; choose another lora_name.",
                 param="lora_name",
             )
+
+    @contextlib.contextmanager
+    def loading(self, name: str, inplace: bool) -> Iterator[None]:
+        """Hold `name` while its load runs: a second load of it (not in place) is a 400, as
+        once it is loaded (before, concurrent loads of one name all answered "Success")."""
+        if name in self._loading and not inplace:
+            raise APIError(
+                400, f"The lora adapter '{name}' is being loaded by another request. Pass "
+                "load_inplace=true to replace its weights.", param="lora_name",
+            )
+        self._loading.add(name)
+        try:
+            yield
+        finally:
+            self._loading.discard(name)
 
     def check_stop_ids(self, ids: list[int] | None, field: str) -> None:
         """400 naming a stop token id that is not a token of the model (it could never stop)."""
@@ -283,20 +300,21 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
         """vLLM answers plain text; a JSON body that says "Success" also carries the fingerprint
         of the weights read, which the trainer compares with its own (vfkit.lora_fingerprint)."""
         server.check_adapter_name(req.lora_name)
-        files = await asyncio.to_thread(
-            engine.lora.check_load, req.lora_name, req.lora_path, req.load_inplace
-        )
-        future = engine.call(partial(engine.lora.apply_load, req.lora_name, files))
-        try:
-            await asyncio.wrap_future(future)
-        except APIError:
-            raise
-        except Exception as exc:
-            reason = str(exc) if len(str(exc)) <= 500 else str(exc)[:500] + " ..."
-            raise APIError(
-                400, f"Loading adapter '{req.lora_name}' from {files.path} failed: {reason}",
-                param="lora_path",
-            ) from exc
+        with server.loading(req.lora_name, req.load_inplace):
+            files = await asyncio.to_thread(
+                engine.lora.check_load, req.lora_name, req.lora_path, req.load_inplace
+            )
+            future = engine.call(partial(engine.lora.apply_load, req.lora_name, files))
+            try:
+                await asyncio.wrap_future(future)
+            except APIError:
+                raise
+            except Exception as exc:
+                reason = str(exc) if len(str(exc)) <= 500 else str(exc)[:500] + " ..."
+                raise APIError(
+                    400, f"Loading adapter '{req.lora_name}' from {files.path} failed: {reason}",
+                    param="lora_path",
+                ) from exc
         message = f"Success: LoRA adapter '{req.lora_name}' added successfully."
         return JSONResponse(
             {"message": message, "lora_name": req.lora_name, "fingerprint": files.fingerprint}
