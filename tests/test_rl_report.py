@@ -130,7 +130,7 @@ def test_clean_removes_transient_state_and_keeps_results(run: RunDir) -> None:
     run.update_state(supervisor_pid=999_999_999, phase="running", tmux_session=None)
     (run.checkpoints / "step_2").mkdir(parents=True)
     (run.checkpoints / "step_4.tmp").mkdir()
-    (run.root / "server.pid").write_text("1")
+    (run.root / ".lock").write_text("1")  # the run lock stays (vfkit.runlock)
     out = subprocess.run(
         [sys.executable, "-m", "vfkit.cli.rl", "--clean", str(run.root)],
         capture_output=True,
@@ -138,10 +138,24 @@ def test_clean_removes_transient_state_and_keeps_results(run: RunDir) -> None:
         timeout=60,
     )
     assert out.returncode == 0, out.stderr
-    assert not run.state_dir.exists() and not (run.root / "server.pid").exists()
+    assert not run.state_dir.exists() and (run.root / ".lock").exists()
     assert not (run.checkpoints / "step_4.tmp").exists()
     assert (run.checkpoints / "step_2").is_dir() and run.metrics.exists()
     assert (run.rollouts / "step_2.jsonl").exists()
+
+
+def test_clean_and_report_refuse_a_folder_that_is_not_a_run(tmp_path: Path) -> None:
+    """`vf-rl --clean .` in a project once removed its uv.lock and *.pid files."""
+    project = tmp_path / "project"
+    project.mkdir()
+    for name in ("uv.lock", "app.pid", "notes.txt"):
+        (project / name).write_text("keep me")
+    for argv in (["--clean", str(project)], ["report", str(project)]):
+        out = subprocess.run([sys.executable, "-m", "vfkit.cli.rl", *argv],
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert out.returncode != 0 and "not a" in out.stderr, out.stderr
+        assert "Traceback" not in out.stderr
+    assert sorted(p.name for p in project.iterdir()) == ["app.pid", "notes.txt", "uv.lock"]
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")

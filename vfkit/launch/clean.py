@@ -1,7 +1,9 @@
 """`vf-rl --clean RUN`: remove a run's transient state, keep what the run produced.
 
-Removed: the launcher's state folder (.vfrl: pids, server URL), pid/socket/lock files, half-written
-*.tmp folders, processes a killed launcher left behind, and the run's stale tmux session.
+Removed: the launcher's state folder (.vfrl: pids, server URL), half-written *.tmp folders,
+processes a killed launcher left behind, and the run's stale tmux session. Nothing else: a
+folder that is not a training run is refused (a mistyped path once cost a project its
+lockfiles), and the run lock `.lock` stays (see vfkit.runlock).
 Kept: config.toml, metrics.jsonl, rollouts/, adapters/, checkpoints/, logs/, report.
 """
 
@@ -19,7 +21,6 @@ from vfkit.errors import VfkitError
 from vfkit.launch import tmux
 from vfkit.train.rundir import RunDir
 
-TRANSIENT_PATTERNS = ("*.pid", "*.sock", "*.lock")
 OURS = ("vfkit", "vf-rl", "vf-train", "vf-serve", "vllm", "accelerate")
 
 
@@ -37,6 +38,11 @@ def clean_run(run: RunDir) -> list[str]:
     """Clean `run`; returns what was done, one line per action."""
     if not run.root.is_dir():
         raise VfkitError(f"no run folder at {run.root}: give the run's path (outputs/<run>)")
+    if not run.is_training_run():
+        raise VfkitError(
+            f"{run.root} is not a vf-rl / vf-train run (no config.toml, metrics.jsonl, "
+            "checkpoints/ or .vfrl/): nothing removed; give the run's path (outputs/<run>)"
+        )
     state = run.read_state()
     launcher = state.get("supervisor_pid")
     if launcher and state.get("phase") != "done" and _ours(int(launcher)):
@@ -60,11 +66,6 @@ def clean_run(run: RunDir) -> list[str]:
     if run.state_dir.exists():
         shutil.rmtree(run.state_dir)
         done.append(f"removed {run.state_dir}")
-    for folder in (run.root, run.logs):
-        for pattern in TRANSIENT_PATTERNS:
-            for path in folder.glob(pattern):
-                path.unlink(missing_ok=True)
-                done.append(f"removed {path}")
     for folder in (run.checkpoints, run.adapters, run.rollouts):
         for path in folder.glob("*.tmp") if folder.exists() else ():
             _remove(path)

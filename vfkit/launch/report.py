@@ -270,6 +270,11 @@ def write_report(run: RunDir | Path | str, out_dir: Path | None = None) -> Path:
     run = run if isinstance(run, RunDir) else RunDir(Path(run))
     if not run.root.is_dir():
         raise FileNotFoundError(f"no run folder at {run.root}: give a path under outputs/")
+    if not (run.is_training_run() or is_eval_run(run)):
+        raise FileNotFoundError(
+            f"{run.root} is not a training or vf-eval run (no metrics.jsonl, checkpoints/ or "
+            "results.jsonl + metadata.json): give a run's path under outputs/"
+        )
     page_path = run.report if out_dir is None else Path(out_dir) / "report.html"
     rows = read_jsonl(run.metrics)
     charts = [] if is_eval_run(run) else write_charts(rows, page_path.parent / "report")

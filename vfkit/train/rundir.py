@@ -47,6 +47,12 @@ class RunDir:
     def name(self) -> str:
         return self.root.name
 
+    def is_training_run(self) -> bool:
+        """Whether vf-train / vf-rl wrote here (config.toml, metrics, checkpoints or launcher
+        state): commands that remove or write files in a run refuse any other folder."""
+        return any(p.exists() for p in (self.config, self.metrics, self.checkpoints,
+                                        self.state_dir))  # fmt: skip
+
     # --- what the trainer writes
     @property
     def config(self) -> Path:
