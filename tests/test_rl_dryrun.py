@@ -86,6 +86,25 @@ def test_unwritable_output_dir(tmp_path: Path, config: Path) -> None:
     assert "output dir" in line and f"{blocker} is not a folder" in line
 
 
+@pytest.mark.slow
+def test_a_fresh_run_over_checkpoints_fails_before_anything_starts(
+    tmp_path: Path, config: Path
+) -> None:
+    """The dry run said "all checks passed", then vf-rl started the server and only the
+    trainer refused the folder."""
+    step = tmp_path / "outputs" / "rl" / "checkpoints" / "step_2"
+    step.mkdir(parents=True)
+    (step / "state.json").write_text("{}")  # what marks a checkpoint complete
+    line = _fails(tmp_path, config)
+    assert "already holds checkpoints" in line and "--resume" in line
+    resumed = vfrl(tmp_path, "--dry-run", str(config), "--resume")
+    assert "resume rl" in resumed.stdout and "already holds" not in resumed.stdout
+    run = vfrl(tmp_path, str(config), "--no-tmux", timeout=120)
+    assert run.returncode != 0 and "already holds checkpoints" in run.stderr
+    assert "Traceback" not in run.stderr
+    assert not (tmp_path / "outputs" / "rl" / "logs" / "server.log").exists()  # nothing started
+
+
 def test_gpu_config_plan_splits_devices_and_batches() -> None:
     from vfkit.launch.plan import make_plan
     from vfkit.train.config_loader import load_config

@@ -16,7 +16,12 @@ from typing import TYPE_CHECKING
 
 from vfkit.errors import ConfigError, VfkitError
 from vfkit.launch import tmux
-from vfkit.launch.preflight import Check, check_not_running, run_preflight
+from vfkit.launch.preflight import (
+    Check,
+    check_fresh_or_resumed,
+    check_not_running,
+    run_preflight,
+)
 from vfkit.train.rundir import RunDir, resolve_run_dir
 
 if TYPE_CHECKING:
@@ -207,7 +212,8 @@ def _run(args: argparse.Namespace) -> int:
     session = tmux.session_name(args.session or args.tmux_pane or plan.run.name)
     if not args.tmux_pane:  # the pane's supervisor runs after these checks passed here
         require_static_checks(cfg)
-    for check in (check_not_running(plan.run), mode_check):
+    for check in (check_not_running(plan.run), check_fresh_or_resumed(plan.run, args.resume),
+                  mode_check):  # fmt: skip
         if not check.ok:
             raise VfkitError(check.detail)
     if mode == "tmux":

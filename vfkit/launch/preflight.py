@@ -20,11 +20,12 @@ from vfkit.train.run_checks import (
     check_tensor_parallel,
     static_checks,
 )
-from vfkit.train.rundir import RunDir
+from vfkit.train.rundir import RunDir, overwrite_error
 
 __all__ = [
     "Check",
     "ModelInfo",
+    "check_fresh_or_resumed",
     "check_not_running",
     "check_output_dir",
     "check_server",
@@ -49,6 +50,15 @@ def check_not_running(run: RunDir) -> Check:
     return Check("run", True, f"no other vf-rl runs {run.name}")
 
 
+def check_fresh_or_resumed(run: RunDir, resume: str | None) -> Check:
+    """A fresh run may not start over an earlier run's checkpoints (vf-train refuses it too,
+    but only after vf-rl started the server)."""
+    error = overwrite_error(run, resume=resume is not None)
+    if error is not None:
+        return Check("run", False, error)
+    return Check("run", True, f"resume {run.name}" if resume else f"fresh run {run.name}")
+
+
 def run_preflight(
     cfg: RunConfig,
     config_path: str | Path,
@@ -60,7 +70,7 @@ def run_preflight(
     """All checks after the config loaded; `mode` is the tmux/foreground decision."""
     plan = make_plan(cfg, config_path, overrides, resume=resume)
     checks, plan.prompt_tokens = static_checks(cfg)
-    checks.insert(1, check_not_running(plan.run))
+    checks[1:1] = [check_not_running(plan.run), check_fresh_or_resumed(plan.run, resume)]
     checks += [mode, _batch_check(cfg)]
     return checks, plan
 

@@ -89,11 +89,7 @@ def check_output_dir(root: Path) -> Check:
             pass
     except OSError as exc:
         return Check("output dir", False, f"{existing} is not writable ({exc.strerror}); {fix}")
-    checkpoints = root / "checkpoints"
-    note = ""
-    if checkpoints.is_dir() and any(checkpoints.iterdir()):
-        note = " (has checkpoints: add --resume to continue that run)"
-    return Check("output dir", True, f"{root} is writable{note}")
+    return Check("output dir", True, f"{root} is writable")
 
 
 def empty_model(config: Any) -> Any:

@@ -175,14 +175,20 @@ def resolve_run_dir(
     return RunDir(path)
 
 
+def overwrite_error(run: RunDir, *, resume: bool) -> str | None:
+    """Why a fresh (not resumed) run may not start in `run`, or None: it would overwrite an
+    earlier run's checkpoints and metrics. vf-train and vf-rl's checks both ask here."""
+    if resume or not run.list_checkpoints():
+        return None
+    return (f"{run.root} already holds checkpoints: pass --resume to continue that run, or"
+            " choose another trainer.args.run_name (or delete the folder)")
+
+
 def open_run_dir(cfg: RunConfig, *, resume: bool) -> RunDir:
     """Create (or, resuming, reuse) the run folder and write the resolved config into it."""
     run = run_dir_of(cfg)
-    if not resume and run.list_checkpoints():
-        raise VfkitError(
-            f"{run.root} already holds checkpoints: pass --resume to continue that run, or"
-            " choose another trainer.args.run_name (or delete the folder)"
-        )
+    if (error := overwrite_error(run, resume=resume)) is not None:
+        raise VfkitError(error)
     for folder in (run.logs, run.rollouts, run.adapters, run.checkpoints):
         folder.mkdir(parents=True, exist_ok=True)
     resolved = cfg.model_dump(mode="json")
