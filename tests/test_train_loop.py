@@ -133,6 +133,22 @@ def test_kill_and_resume_equals_an_uninterrupted_run(tiny_model_path, tmp_path, 
     assert versions == [[m["step"], m["policy/version"]] for m in h.metrics(full)]
 
 
+@pytest.mark.slow
+def test_a_finished_run_resumed_with_more_steps_keeps_the_lag(tiny_model_path, tmp_path) -> None:
+    """4 steps, then --resume with max_steps=6: batch 5 is sampled by policy 3, as in a 6-step
+    run (the last checkpoint kept no older adapter, and batch 5 fell back to the base model)."""
+    h = _helpers()
+    with TestServer(h.GroupResponder()) as srv:
+        run_dir = train(h.tiny_config(tiny_model_path, tmp_path, srv.base_url))
+    assert sorted(p.name for p in (run_dir / "checkpoints" / "step_4" / "policies").iterdir()) \
+        == ["step_3"]
+    with TestServer(h.GroupResponder()) as srv:  # a fresh server: it must re-load policy 3
+        more = h.tiny_config(tiny_model_path, tmp_path, srv.base_url, "trainer.args.max_steps=6")
+        train(more, resume=True)
+    versions = [[m["step"], m["policy/version"]] for m in h.metrics(run_dir)]
+    assert versions == [[1, 0], [2, 0], [3, 1], [4, 2], [5, 3], [6, 4]]
+
+
 def test_failed_rollouts_are_counted_and_excluded(tiny_model_path, tmp_path) -> None:
     h = _helpers()
     with TestServer(h.GroupResponder()) as srv:

@@ -167,7 +167,7 @@ class Orchestrator:
         """Hot-load policy `version`, verify it, unload and delete adapters nothing uses."""
         started = time.monotonic()
         metrics = self._load_verified(version, adapter_dir, learner)
-        in_use = {v for v, _ in self.pending.values()} | {version, 0}
+        in_use = {v for v, _ in self.pending.values()} | self._needed_after(version) | {version, 0}
         for stale in [v for v in self.loaded if v not in in_use]:
             self._call(self.sync.unload(self.loaded.pop(stale)))
             shutil.rmtree(self.run.adapter_dir(stale), ignore_errors=True)
@@ -179,8 +179,15 @@ class Orchestrator:
         return self.evaluate(max(self.loaded), batch.step) if evaluate else {}
 
     def policies_in_use(self, step: int) -> dict[int, Path]:
-        queued = sorted({v for v, _ in self.pending.values() if 0 < v < step})
-        return {v: self.run.adapter_dir(v) for v in queued}
+        """The older adapters a checkpoint after `step` keeps: those queued batches sample from,
+        and those the next batches would (at the last step too: a run resumed with more
+        max_steps samples its next batch with them, not with the base model)."""
+        wanted = {v for v, _ in self.pending.values()} | self._needed_after(step)
+        return {v: self.run.adapter_dir(v) for v in sorted(wanted) if 0 < v < step}
+
+    def _needed_after(self, step: int) -> set[int]:
+        """Policy versions the `async_level` batches after `step` sample from."""
+        return {self.policy_for(s) for s in range(step + 1, step + 1 + self.args.async_level)}
 
     # --- rollouts
     async def _generate_after_previous(self, step: int, version: int) -> Batch:
