@@ -7,6 +7,7 @@ Table-driven: command-line flags (refused before any model loads), HTTP request 
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 
@@ -50,6 +51,18 @@ def test_bad_flags_are_named_without_a_traceback(flags, words, capsys):
     assert "Traceback" not in err and "vf-serve: error:" in err
     for word in words:
         assert word in err, err
+
+
+def test_a_busy_port_is_named_before_the_model_loads(capsys):
+    """vf-serve on a taken port loaded the model, said it was serving, then failed with
+    uvicorn's errno; a model that does not exist shows that the port is checked first."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert vf_serve(["/no/such/model", "--port", str(port)]) == 1
+    err = capsys.readouterr().err
+    assert f"--port {port}" in err and "not free" in err and "Traceback" not in err
 
 
 def test_config_refuses_the_same_values_when_built_in_python():

@@ -22,20 +22,46 @@ log = logging.getLogger("vfkit.serve")
 
 
 def serve_forever(config: ServeConfig) -> None:
-    """Load the model and serve until SIGINT/SIGTERM."""
-    engine = build_engine(config)
+    """Take the port, load the model, and serve until SIGINT/SIGTERM."""
+    sock = bind_port(config.host, config.port)  # a busy port fails now, not after the model loads
+    try:
+        engine = build_engine(config)
+    except BaseException:
+        sock.close()
+        raise
     app = create_app(engine, config)
     log.info("serving %s on http://%s:%d/v1", config.model_id, config.host, config.port)
+    server = uvicorn.Server(uvicorn.Config(
+        app, host=config.host, port=config.port, log_level=config.log_level,
+        timeout_graceful_shutdown=5,
+    ))  # fmt: skip
     try:
-        uvicorn.run(
-            app,
-            host=config.host,
-            port=config.port,
-            log_level=config.log_level,
-            timeout_graceful_shutdown=5,
-        )
+        server.run(sockets=[sock])
     finally:
         engine.stop()
+
+
+def bind_port(host: str, port: int) -> socket.socket:
+    """A listening-ready socket bound to host:port (as uvicorn binds it); ServerError naming
+    --port / --host when it is taken or cannot be had."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise ServerError(f"--host {host}: cannot listen there ({exc})") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise ServerError(
+            f"--port {port} on {host} is not free ({exc.strerror}); stop what listens there, "
+            "or choose another --port"
+        ) from None
+    sock.set_inheritable(True)
+    return sock
 
 
 class BackgroundServer:
