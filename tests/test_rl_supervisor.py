@@ -256,3 +256,25 @@ def test_server_that_fails_to_boot_is_reported_with_its_log(tmp_path: Path) -> N
     assert "exited while starting" in out and "boot failed: no model" in out
     assert not (run.dir / "logs" / "trainer.log").exists()  # no trainer without a server
     assert run.orphans() == []
+
+
+def test_the_foreground_echo_leaves_successful_access_lines_in_the_server_log(tmp_path):
+    """A 4-step foreground run echoed 231 access lines among 5 trainer lines."""
+    import io
+
+    from vfkit.launch.process import LogTail, Printer, routine_access_line
+
+    log = tmp_path / "server.log"
+    log.write_text("")
+    out = io.StringIO()
+    tail = LogTail(log, "server", Printer(stream=out), skip=routine_access_line)
+    log.write_text(
+        'INFO:     127.0.0.1:50432 - "POST /v1/chat/completions HTTP/1.1" 200 OK\n'
+        'INFO:     127.0.0.1:50433 - "POST /v1/load_lora_adapter HTTP/1.1" 400 Bad Request\n'
+        "INFO:     Application startup complete.\n"
+        'INFO:     127.0.0.1:50434 - "GET /health HTTP/1.1" 503 Service Unavailable\n'
+    )
+    tail.close()
+    echoed = out.getvalue()
+    assert "chat/completions" not in echoed  # in the file only
+    assert "400 Bad Request" in echoed and "503" in echoed and "startup complete" in echoed

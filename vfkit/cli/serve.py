@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 
+from vfkit.cli import quiet_dependency_warnings
 from vfkit.errors import VfkitError
 from vfkit.serve.config import (
     CUDA_GRAPHS,
@@ -143,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))  # usage + "vf-serve: error: --max-num-seqs must be ...", exit 2
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     _exit_with_parent()
+    quiet_dependency_warnings()
     from vfkit.serve.runner import serve_forever
 
     try:

@@ -19,6 +19,7 @@ import signal
 import sys
 from pathlib import Path
 
+from vfkit.cli import quiet_dependency_warnings
 from vfkit.errors import ConfigError, VfkitError
 
 EXIT_INTERRUPTED = 130
@@ -72,6 +73,7 @@ def accelerate_argv(cfg, argv: list[str]) -> list[str] | None:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
+    quiet_dependency_warnings()
     old_handlers: dict[int, object] = {}
     try:
         from vfkit.train.config_loader import load_config

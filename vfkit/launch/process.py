@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -193,11 +194,25 @@ def kill_remaining_children(timeout: float = 3.0) -> list[int]:
     return [p.pid for p in leftover]
 
 
-class LogTail:
-    """Echo the lines appended to a log file (the server writes its own log) until stopped."""
+# uvicorn's (and vLLM's) access line for a request that succeeded:
+#   INFO:     127.0.0.1:50432 - "POST /v1/chat/completions HTTP/1.1" 200 OK
+_ROUTINE_ACCESS = re.compile(r'"[A-Z]+ \S+ HTTP/[\d.]+" [23]\d\d\b')
 
-    def __init__(self, path: Path, name: str, echo: Printer) -> None:
-        self.path, self.name, self.echo = path, name, echo
+
+def routine_access_line(line: str) -> bool:
+    """A successful request's access-log line: hundreds a step, all in the server's log file;
+    failed requests (4xx/5xx) are not routine and stay in the echo."""
+    return _ROUTINE_ACCESS.search(line) is not None
+
+
+class LogTail:
+    """Echo the lines appended to a log file (the server writes its own log) until stopped;
+    lines `skip` is true for stay in the file only."""
+
+    def __init__(
+        self, path: Path, name: str, echo: Printer, skip: Callable[[str], bool] | None = None
+    ) -> None:
+        self.path, self.name, self.echo, self.skip = path, name, echo, skip
         self._stop = threading.Event()
         self._offset = path.stat().st_size if path.exists() else 0
         self._thread = threading.Thread(target=self._loop, name=f"tail-{name}", daemon=True)
@@ -213,8 +228,10 @@ class LogTail:
                 self._offset += len(chunk)
                 buffer += chunk
             *lines, buffer = buffer.split(b"\n")
-            for line in lines:
-                self.echo(self.name, line.decode("utf-8", "replace"))
+            for raw in lines:
+                line = raw.decode("utf-8", "replace")
+                if self.skip is None or not self.skip(line):
+                    self.echo(self.name, line)
             if stopping:
                 if buffer:
                     self.echo(self.name, buffer.decode("utf-8", "replace"))

@@ -25,7 +25,13 @@ from urllib.parse import urlparse
 
 from vfkit.errors import VfkitError
 from vfkit.launch.plan import redact
-from vfkit.launch.process import Child, LogTail, Printer, kill_remaining_children
+from vfkit.launch.process import (
+    Child,
+    LogTail,
+    Printer,
+    kill_remaining_children,
+    routine_access_line,
+)
 from vfkit.serve.launcher import health_url, is_healthy, tail
 from vfkit.train.rundir import RunDir
 
@@ -163,7 +169,9 @@ class Supervisor:
         """Start the server and wait for /health; None if it failed or we were stopped."""
         self.out.say("starting the inference server")
         if self.spec.echo_server:
-            self.server_tail = LogTail(self.run_dir.server_log, "server", self.out)
+            self.server_tail = LogTail(
+                self.run_dir.server_log, "server", self.out, skip=routine_access_line
+            )
         server = self._start_server()
         if server is None:
             return None

@@ -335,7 +335,7 @@ class Engine:
             input_ids=ids.to(dev),
             attention_mask=mask.to(dev),
             position_ids=positions.to(dev),
-            past_key_values=cache,
+            cache=cache,
             use_cache=True,
             # an index tensor, not `1`: a strided last-position slice sends the lm_head through
             # a batched matmul that copies its weight once per row (seconds for 32 prompts)

@@ -129,7 +129,7 @@ class StaticDecoder:
             input_ids=inputs.ids,
             attention_mask=inputs.mask,
             position_ids=inputs.positions,
-            past_key_values=self.cache,
+            cache=self.cache,
             use_cache=True,
         )
         inputs.logits.copy_(out.logits[:, -1, :])

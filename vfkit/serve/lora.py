@@ -15,6 +15,7 @@ keep a small update that merging would round away); a batch that mixes adapters 
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections import Counter
 from pathlib import Path
@@ -114,6 +115,10 @@ class LoraManager(ServedAdapters):
         self._active: str | None = None
         first = next(model.parameters())
         self._device, self._dtype = first.device, first.dtype
+        # transformers 5 names the KV cache argument `cache` (`past_key_values` is deprecated,
+        # removed in 5.40); 4.x knows only `past_key_values`
+        takes = inspect.signature(type(model).forward).parameters
+        self._cache_kw = "cache" if "cache" in takes else "past_key_values"
         self._module_names = frozenset(name for name, _ in model.named_modules())
         # bf16/fp16 weights are not merged: rounding W + s·B·A to 8 mantissa bits drops most of
         # an RL step's update, so the sampler lags the trainer (benchmarks/RESULTS.md,
@@ -304,7 +309,10 @@ class LoraManager(ServedAdapters):
         self._active = None
 
     def forward(self, adapters: list[str | None], **inputs: Any):
-        """Run the model on a batch whose row i uses adapter `adapters[i]` (None: the base)."""
+        """Run the model on a batch whose row i uses adapter `adapters[i]` (None: the base).
+        `cache=` is passed on under the name this transformers version takes."""
+        if "cache" in inputs and self._cache_kw != "cache":
+            inputs[self._cache_kw] = inputs.pop("cache")
         if not self._configs:
             self.path_counts["plain"] += 1
             if self._spare:  # only unloaded adapters left in the PEFT model: keep them off
