@@ -33,7 +33,10 @@ def test_dashes_and_underscores_are_interchangeable(tmp_path: Path) -> None:
 
 
 def test_pip_command_targets_this_interpreter(tmp_path: Path) -> None:
-    assert pip_command(tmp_path) == [sys.executable, "-m", "pip", "install", "-e", str(tmp_path)]
+    assert pip_command(tmp_path) == [
+        sys.executable, "-m", "pip", "install", "-q", "-e", str(tmp_path)
+    ]
+    assert "-q" not in pip_command(tmp_path, verbose=True)
     assert pip_command(tmp_path, editable=False)[-1] == str(tmp_path)
 
 

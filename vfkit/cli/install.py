@@ -35,16 +35,19 @@ def find_package(name: str, path: Path) -> Path:
     )
 
 
-def pip_command(folder: Path, editable: bool = True) -> list[str]:
-    """The pip command that installs `folder` into this interpreter."""
+def pip_command(folder: Path, editable: bool = True, verbose: bool = False) -> list[str]:
+    """The pip command that installs `folder` into this interpreter (quiet: pip then prints
+    only warnings and errors)."""
     target = ["-e", str(folder)] if editable else [str(folder)]
-    return [sys.executable, "-m", "pip", "install", *target]
+    return [sys.executable, "-m", "pip", "install", *([] if verbose else ["-q"]), *target]
 
 
-def install(name: str, path: Path = Path("environments"), editable: bool = True) -> Path:
+def install(
+    name: str, path: Path = Path("environments"), editable: bool = True, verbose: bool = False
+) -> Path:
     """Install environment `name` from `path` with pip; raise VfkitError when pip fails."""
     folder = find_package(name, path)
-    cmd = pip_command(folder, editable)
+    cmd = pip_command(folder, editable, verbose)
     print("running:", " ".join(cmd), flush=True)
     if subprocess.run(cmd, check=False).returncode != 0:
         raise VfkitError(f"pip could not install {folder} (its output is above); fix the "
@@ -59,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-p", "--path", type=Path, default=Path("environments"),
                    help="folder that holds environment packages (default: environments)")
     p.add_argument("--no-editable", action="store_true", help="a regular (copied) install")
+    p.add_argument("-v", "--verbose", action="store_true", help="show pip's whole output")
     return p
 
 
@@ -66,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of `vf-install`; 0 installed, 1 not found or pip failed."""
     args = build_parser().parse_args(argv)
     try:
-        folder = install(args.name, args.path, editable=not args.no_editable)
+        folder = install(args.name, args.path, editable=not args.no_editable,
+                         verbose=args.verbose)
     except VfkitError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
