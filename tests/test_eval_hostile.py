@@ -72,6 +72,9 @@ FLAG_CASES = [
     (["-a", '"text"'], ["-a/--env-args", "JSON object"]),
     (["-a", '{"num_rows": Infinity}'], ["-a/--env-args", "Infinity"]),
     (["-a", '{"no_such_arg": 1}'], ["-a/--env-args", "no_such_arg"]),
+    # the environment's own code fails on the value: the error names the argument and the env
+    (["-a", '{"num_rows": "two"}'],
+     ["-a/--env-args", "eval-echo", '"num_rows": "two"', "TypeError"]),
     (["-b", "localhost:8000/v1"], ["-b/--api-base-url", "http(s)"]),
     (["-b", "ftp://127.0.0.1/v1"], ["-b/--api-base-url", "http(s)"]),
     (["-b", "http://"], ["-b/--api-base-url"]),
@@ -100,6 +103,7 @@ def test_bad_flag_values_are_refused_by_name(cli, tmp_path, flags, expected):
     ("env_id", "expected"),
     [
         ("no-such-env", ["no-such-env", "vf-install"]),
+        ("reverse-txt", ["reverse-txt", "Did you mean 'reverse-text'?"]),
         ("../../etc/passwd", ["ENV_ID", "not an environment id"]),
         (".hidden", ["ENV_ID"]),
         ("", ["ENV_ID"]),

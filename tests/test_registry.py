@@ -60,8 +60,20 @@ def test_missing_environment_lists_known_ones_and_the_install_command(site):
     with pytest.raises(EnvironmentNotFoundError) as err:
         load_environment("no-such-env")
     message = str(err.value)
-    assert "'no-such-env' not found" in message and "vf-install no-such-env" in message
-    assert "ep-env" in message
+    assert "'no-such-env' not found" in message and "vf-install <id>" in message
+    assert "ep-env" in message and "Did you mean" not in message
+    with pytest.raises(EnvironmentNotFoundError) as err:
+        load_environment("ep-envv")  # a typo of a known id: named, and not "vf-install ep-envv"
+    assert "Did you mean 'ep-env'?" in str(err.value)
+    assert "vf-install ep-envv" not in str(err.value)
+
+
+def test_a_package_folder_not_installed_yet_gets_its_install_command(site):
+    pkg = site / "environments" / "word_count"
+    pkg.mkdir(parents=True)
+    (pkg / "pyproject.toml").write_text('[project]\nname = "word-count"\n')
+    with pytest.raises(EnvironmentNotFoundError, match="vf-install word-count"):
+        load_environment("word-count")
 
 
 def test_a_missing_dependency_inside_the_environment_is_not_hidden(site):

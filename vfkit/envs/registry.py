@@ -14,6 +14,7 @@ Modules written for classic verifiers 0.1.x (`import verifiers as vf`) load too,
 from __future__ import annotations
 
 import contextlib
+import difflib
 import importlib
 import importlib.util
 import sys
@@ -51,9 +52,16 @@ def list_environments() -> list[str]:
 def _not_found(env_id: str, cause: str) -> EnvironmentNotFoundError:
     installed = list_environments()
     listing = ", ".join(installed) if installed else "none"
+    if env_id in installed:  # a package folder under environments/, not installed yet
+        return EnvironmentNotFoundError(
+            f"environment {env_id!r} not found ({cause}). Install it with `vf-install "
+            f"{env_id}` (or `pip install -e environments/{env_id}`)."
+        )
+    close = difflib.get_close_matches(env_id, installed, n=1)
+    guess = f" Did you mean {close[0]!r}?" if close else ""
     return EnvironmentNotFoundError(
-        f"environment {env_id!r} not found ({cause}). Known environments: {listing}. "
-        f"Install it with `vf-install {env_id}` (or `pip install -e environments/{env_id}`)."
+        f"environment {env_id!r} not found ({cause}).{guess} Known environments: {listing}. "
+        "Create one with `vf-init <id>`, or install a package with `vf-install <id>`."
     )
 
 

@@ -20,7 +20,7 @@ from typing import Any
 from rich.console import Console
 
 import vfkit
-from vfkit.errors import ConfigError
+from vfkit.errors import ConfigError, VfkitError
 from vfkit.evaluation.config import (
     DEFAULT_MODEL,
     DEFAULT_NUM_EXAMPLES,
@@ -137,12 +137,15 @@ def _load(cfg: EvalConfig) -> tuple[Any, list[dict[str, Any]], int]:
 
     try:
         env = load_environment(cfg.env_id, **(cfg.env_args or {}))
-    except TypeError as exc:  # load_environment(**kwargs) does not take what -a gave it
-        if not cfg.env_args or "argument" not in str(exc):
-            raise
+    except VfkitError:
+        raise
+    except Exception as exc:  # the environment's own code refused what -a gave it
+        if not cfg.env_args:
+            raise  # a bug in the environment itself: its traceback is what its author needs
         raise ConfigError(
-            f"-a/--env-args: {cfg.env_id}'s load_environment does not accept "
-            f"{json.dumps(cfg.env_args)} ({exc}); pass only the arguments it declares"
+            f"-a/--env-args: load_environment({cfg.env_id!r}, **{json.dumps(cfg.env_args)}) "
+            f"failed: {type(exc).__name__}: {exc}; pass only the arguments it declares, with "
+            "the types it expects"
         ) from None
     # the environment wraps the client with its own timeout/retries: make those the flags'
     env.timeout, env.max_retries = cfg.timeout, cfg.max_retries
