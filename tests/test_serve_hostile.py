@@ -135,6 +135,7 @@ BAD_REQUESTS = [
     ("chat", {"stop_token_ids": [-1]}, 400, "stop_token_ids[0]"),
     ("text", {"stop_token_ids": [10**9]}, 400, "stop_token_ids[0]"),
     ("chat", {"repetition_penalty": 1e-300}, 400, "repetition_penalty"),
+    ("text", {"stream_options": {"include_usage": True}}, 400, "stream_options"),
 ]
 
 

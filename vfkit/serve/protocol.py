@@ -84,6 +84,13 @@ class _SamplingRequest(RequestBody):
     stream: bool = False
     stream_options: dict[str, Any] | None = None  # {"include_usage": bool}
 
+    @model_validator(mode="after")
+    def _stream_options_need_a_stream(self) -> _SamplingRequest:
+        if self.stream_options is not None and not self.stream:
+            raise APIError(400, "stream_options is only valid with stream=true (vLLM's rule).",
+                           param="stream_options")
+        return self
+
     @field_validator("stop")
     @classmethod
     def _bounded_stops(cls, stop: str | list[str] | None) -> str | list[str] | None:
