@@ -149,6 +149,21 @@ def test_a_finished_run_resumed_with_more_steps_keeps_the_lag(tiny_model_path, t
     assert versions == [[1, 0], [2, 0], [3, 1], [4, 2], [5, 3], [6, 4]]
 
 
+def test_a_server_blip_is_ridden_out_not_fatal(tiny_model_path, tmp_path) -> None:
+    """32 overloaded answers (503) to the 8 rollouts of a batch: 4 tries each, all of what the
+    rollout client tried before (the run stopped: "trained nothing"); now they retry as long
+    as adapter loading would (sync_timeout) and the batch trains."""
+    h = _helpers()
+    with TestServer(h.GroupResponder()) as srv:
+        srv.fail_next(503, n=32)
+        run_dir = train(h.tiny_config(tiny_model_path, tmp_path, srv.base_url,
+                                      "trainer.args.max_steps=1", "trainer.args.async_level=0"))
+        asked = len(srv.requests)
+    (row,) = h.metrics(run_dir)
+    assert asked >= 8 + 32  # every injected 503 was answered, and each rollout then got through
+    assert row["errors"] == 0 and row["samples/trained"] > 0
+
+
 def test_failed_rollouts_are_counted_and_excluded(tiny_model_path, tmp_path) -> None:
     h = _helpers()
     with TestServer(h.GroupResponder()) as srv:

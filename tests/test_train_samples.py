@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vfkit.train.samples import build_samples, rollout_samples
+from vfkit.train.samples import build_samples, nothing_to_train, rollout_samples
 
 
 def step(prompt, completion, logprobs=None, truncated=False, mask=None):
@@ -51,3 +51,16 @@ def test_build_samples_drops_and_counts() -> None:
         1, 1, 1, 1)
     samples, _ = build_samples([[truncated]], max_seq_len=5, mask_truncated=False)
     assert len(samples) == 1 and samples[0].is_truncated
+
+
+def test_a_batch_with_nothing_to_train_says_what_to_fix() -> None:
+    """Every rollout failed: the advice follows the failure (it always said max_tokens)."""
+    def failed(error: str) -> list[list[dict]]:
+        return [[{"error": error, "trajectory": []} for _ in range(2)]]
+
+    rubric = nothing_to_train(failed("reward function grp raised ValueError: bad"))
+    server = nothing_to_train(failed("InternalServerError: Error code: 503 - overloaded"))
+    short = nothing_to_train([[{"stop_condition": "prompt_too_long", "trajectory": []}]])
+    assert "2 error" in rubric and "fix the environment's reward function" in rubric
+    assert "503" in server and "logs/server.log" in server and "max_tokens" not in server
+    assert "1 prompt_too_long" in short and "trainer.args.max_tokens" in short

@@ -86,11 +86,7 @@ def run_loop(
 def train_on(batch: Batch, learner: Learner, args: TrainerArgs) -> dict[str, float]:
     """Advantages -> samples -> one optimizer step; the step's metrics."""
     if why := nothing_to_train(batch.groups):  # a broken setup, not a bad batch: stop loudly
-        raise VfkitError(
-            f"step {batch.step} trained nothing: no rollout produced a completion token ({why});"
-            " check trainer.args.max_tokens against the model's context and max_seq_len, and"
-            " the server log"
-        )
+        raise VfkitError(f"step {batch.step} trained nothing: {why}")
     kept, groups = assign_advantages(
         batch.groups, scale_rewards=args.scale_rewards,
         zero_truncated=args.zero_truncated_completions, filter_zero=args.filter_zero_advantage,

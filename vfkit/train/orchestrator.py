@@ -41,6 +41,17 @@ logger = logging.getLogger(__name__)
 PROBE_RECHECKS = 3  # a doubtful probe is re-checked this often before the run stops
 
 
+def retries_within(seconds: float) -> int:
+    """Retries the openai client's backoff (0.5 s, doubling, at most 8 s a wait) spreads over
+    `seconds`: rollouts ride out a server blip (5xx, 429, a dropped connection) as long as
+    adapter loading does (`sync_timeout`), instead of failing a whole batch in ~4 s."""
+    waited, retries = 0.0, 0
+    while waited < seconds:
+        waited += min(0.5 * 2**retries, 8.0)
+        retries += 1
+    return retries
+
+
 class Orchestrator:
     """Owns the HTTP client, the rollout event loop and the adapters loaded in the server."""
 
@@ -215,7 +226,8 @@ class Orchestrator:
             inputs = [dict(row) for _ in range(self.args.rollouts_per_example)]
             async with self.group_slots:
                 return await self.env.run_group(
-                    inputs, self.client, model, self.seeded(self.sampling_args, *where))
+                    inputs, self.client, model, self.seeded(self.sampling_args, *where),
+                    max_retries=retries_within(self.args.sync_timeout))
 
         async def sample(indices: list[int], *where: int | str) -> list[list[State]]:
             return list(await asyncio.gather(

@@ -143,8 +143,8 @@ def build_samples(
 
 
 def nothing_to_train(groups: list[list[State]]) -> str | None:
-    """Why no rollout of a batch can train (every one failed or produced no completion token,
-    e.g. every prompt too long for the context); None when at least one can."""
+    """Why no rollout of a batch can train, and what to do (every one failed, or none produced
+    a completion token, e.g. every prompt too long for the context); None when one can."""
     reasons: dict[str, int] = {}
     first_error = ""
     for state in (s for group in groups for s in group):
@@ -157,4 +157,11 @@ def nothing_to_train(groups: list[list[State]]) -> str | None:
         reasons[reason] = reasons.get(reason, 0) + 1
         first_error = first_error or str(state.get("error") or "")
     why = ", ".join(f"{n} {reason}" for reason, n in sorted(reasons.items())) or "no rollouts"
-    return f"{why}; first error: {first_error[:300]}" if first_error else why
+    if not first_error:
+        return (f"no rollout produced a completion token ({why}); check trainer.args.max_tokens "
+                "against the model's context and max_seq_len, and the server log")
+    if "reward function" in first_error:
+        fix = "fix the environment's reward function (rollouts/step_N.jsonl shows each error)"
+    else:
+        fix = "see the server log (logs/server.log) and the rollouts' errors"
+    return f"every rollout failed ({why}; first error: {first_error[:300]}); {fix}"
