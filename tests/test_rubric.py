@@ -274,3 +274,34 @@ def test_parsers_and_rubrics_never_import_torch():
         "vfkit.rubrics.math_rubric; assert 'torch' not in sys.modules, 'torch was imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_a_reward_function_that_never_returns_does_not_keep_the_process_alive(tmp_path):
+    """A sync reward function that hangs: the caller times out and the process still exits (it
+    ran on the loop's executor, whose threads are joined at exit: vf-train hung for good), and
+    what was running is named."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = tmp_path / "hang.py"
+    script.write_text(textwrap.dedent("""
+        import asyncio, time
+        from vfkit.rubrics.call import call_with_declared_args, running_functions
+
+        def stuck_judge(completion):
+            time.sleep(3600)
+
+        async def main():
+            call = call_with_declared_args(stuck_judge, {"completion": "x"})
+            try:
+                await asyncio.wait_for(asyncio.shield(asyncio.ensure_future(call)), 0.5)
+            except TimeoutError:
+                print("running:", running_functions(), flush=True)
+
+        asyncio.run(main())
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "running: ['stuck_judge']" in out.stdout

@@ -7,6 +7,9 @@ arguments and each function receives the ones it names (`**kwargs` receives all)
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
+import contextvars
 import ctypes
 import functools
 import inspect
@@ -72,19 +75,58 @@ def is_async_callable(func: Callable[..., Any]) -> bool:
     )
 
 
+_RUNNING: collections.Counter[str] = collections.Counter()  # user functions now running
+
+
+def running_functions() -> list[str]:
+    """Names of the user functions (reward functions) running now, e.g. ["slow_judge x3"]: what
+    a timed-out batch was waiting for."""
+    return [f"{name} x{n}" if n > 1 else name for name, n in sorted(_RUNNING.items()) if n]
+
+
 async def call_with_declared_args(func: Callable[..., Any], available: dict[str, Any]) -> Any:
     """Call `func` with the arguments it declares; sync functions run in a worker thread.
 
     The thread keeps the event loop serving other rollouts while a slow or blocking reward
-    function (an HTTP call, a sandbox) runs.
+    function (an HTTP call, a sandbox) runs. It is a daemon thread of its own, not the loop's
+    executor: a function that never returns must not keep the process from exiting (the
+    executor's threads are joined at exit, and a hung one made vf-train unkillable but by
+    SIGKILL).
     """
     kwargs = select_kwargs(func, available)
-    if is_async_callable(func):
-        return await func(**kwargs)
-    result = await asyncio.to_thread(func, **kwargs)
-    if inspect.isawaitable(result):
-        result = await result
-    return result
+    name = func_name(func)
+    _RUNNING[name] += 1
+    try:
+        if is_async_callable(func):
+            return await func(**kwargs)
+        result = await _in_daemon_thread(functools.partial(func, **kwargs), name)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+    finally:
+        _RUNNING[name] -= 1
+
+
+async def _in_daemon_thread(call: Callable[[], Any], name: str) -> Any:
+    """`call()` on a new daemon thread (with this task's context variables), awaited here."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+    context = contextvars.copy_context()
+
+    def settle(ok: bool, value: Any) -> None:
+        if not future.done():
+            (future.set_result if ok else future.set_exception)(value)
+
+    def target() -> None:
+        try:
+            outcome = (True, context.run(call))
+        except BaseException as exc:  # handed to the awaiting task, as to_thread would
+            outcome = (False, exc)
+        with contextlib.suppress(RuntimeError):  # the loop closed while this ran
+            loop.call_soon_threadsafe(settle, *outcome)
+
+    threading.Thread(target=target, daemon=True, name=f"vfkit-fn-{name}"[:60]).start()
+    return await future
 
 
 class _Interrupted(BaseException):

@@ -27,6 +27,7 @@ from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 from vfkit.client.sampling import derive_seed, with_seed
 from vfkit.errors import AdapterSyncError, VfkitError
 from vfkit.lora_fingerprint import fingerprint_dir
+from vfkit.rubrics.call import running_functions
 from vfkit.train.adapter_sync import AdapterSync, check_fingerprint, check_probe
 from vfkit.train.advantages import group_verdict
 from vfkit.train.batches import Batch
@@ -211,10 +212,13 @@ class Orchestrator:
                 self._generate(step, self.loaded[version]), self.args.generation_timeout
             )
         except TimeoutError:
+            running = running_functions()
+            waiting = (f"; still running: reward function(s) {', '.join(running)}, which may "
+                       "never return" if running else f" (server {self.base_url})")
             raise VfkitError(
-                f"generating batch {step} took over {self.args.generation_timeout:.0f} s"
-                f" (server {self.base_url}); raise trainer.args.generation_timeout or lower"
-                " batch_size / max_tokens"
+                f"generating and scoring batch {step} took over "
+                f"{self.args.generation_timeout:.0f} s{waiting}; raise "
+                "trainer.args.generation_timeout or lower batch_size / max_tokens"
             ) from None
         return Batch(step, version, groups, time.monotonic() - started)
 
