@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from vfkit.errors import VfkitError
+from vfkit.errors import ConfigError, VfkitError
 from vfkit.testing.scripted_server import TestServer
 from vfkit.train.loop import StopFlag
 from vfkit.train.phases import train
@@ -69,8 +69,9 @@ def test_full_run_hot_loads_adapters_and_writes_the_run_dir(tiny_model_path, tmp
         still_loaded = set(srv.adapters)
     name = run_dir.name
     assert loads == [f"{name}-step{v}" for v in (1, 2, 3, 4)]
-    assert set(unloads) == {f"{name}-step{v}" for v in (1, 2, 3)}  # no batch uses them now
-    assert f"{name}-step4" in still_loaded
+    # no batch uses 1 and 2 now; 3 samples batch 5 of a run resumed with more steps
+    assert set(unloads) == {f"{name}-step{v}" for v in (1, 2)}
+    assert {f"{name}-step3", f"{name}-step4"} <= still_loaded
     rows = h.metrics(run_dir)
     assert [m["step"] for m in rows] == [1, 2, 3, 4]
     for key in ("reward/mean", "loss", "grad_norm", "lr", "ratio/mean", "kl/mismatch", "entropy",
@@ -149,6 +150,30 @@ def test_a_finished_run_resumed_with_more_steps_keeps_the_lag(tiny_model_path, t
     assert versions == [[1, 0], [2, 0], [3, 1], [4, 2], [5, 3], [6, 4]]
 
 
+@pytest.mark.slow
+def test_a_resume_that_changes_a_fixed_key_is_refused_and_keeps_the_record(
+    tiny_model_path, tmp_path
+) -> None:
+    """Resuming with another lora_rank printed a 28-line size-mismatch traceback; another
+    learning_rate was silently ignored (the saved schedule won). Both rewrote config.toml."""
+    h = _helpers()
+    with TestServer(h.GroupResponder()) as srv:
+        run_dir = train(h.tiny_config(tiny_model_path, tmp_path, srv.base_url,
+                                      "trainer.args.max_steps=2"))
+        record = (run_dir / "config.toml").read_text()
+        for change, named in [("trainer.args.lora_rank=4", "trainer.args.lora_rank = 4"),
+                              ("trainer.args.learning_rate=0.5", "learning_rate = 0.5")]:
+            cfg = h.tiny_config(tiny_model_path, tmp_path, srv.base_url,
+                                "trainer.args.max_steps=3", change)
+            with pytest.raises(ConfigError, match="--resume") as err:
+                train(cfg, resume=True)
+            assert named in str(err.value) and "run_name" in str(err.value)
+            assert (run_dir / "config.toml").read_text() == record
+        train(h.tiny_config(tiny_model_path, tmp_path, srv.base_url, "trainer.args.max_steps=3"),
+              resume=True)  # the run's own settings, more steps: resumes
+    assert [m["step"] for m in h.metrics(run_dir)] == [1, 2, 3]
+
+
 def test_a_server_blip_is_ridden_out_not_fatal(tiny_model_path, tmp_path) -> None:
     """32 overloaded answers (503) to the 8 rollouts of a batch: 4 tries each, all of what the
     rollout client tried before (the run stopped: "trained nothing"); now they retry as long
@@ -181,7 +206,7 @@ def test_generation_timeout_stops_the_run_with_a_clear_error(tiny_model_path, tm
         srv.delay_next(3.0, n=100)
         cfg = h.tiny_config(tiny_model_path, tmp_path, srv.base_url,
                             "trainer.args.generation_timeout=0.5", "trainer.args.max_steps=1")
-        with pytest.raises(VfkitError, match="generating batch 1 took over"):
+        with pytest.raises(VfkitError, match="generating and scoring batch 1 took over"):
             train(cfg)
 
 

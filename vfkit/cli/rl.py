@@ -212,7 +212,7 @@ def _run(args: argparse.Namespace) -> int:
     session = tmux.session_name(args.session or args.tmux_pane or plan.run.name)
     if not args.tmux_pane:  # the pane's supervisor runs after these checks passed here
         require_static_checks(cfg)
-    for check in (check_not_running(plan.run), check_fresh_or_resumed(plan.run, args.resume),
+    for check in (check_not_running(plan.run), check_fresh_or_resumed(cfg, plan.run, args.resume),
                   mode_check):  # fmt: skip
         if not check.ok:
             raise VfkitError(check.detail)

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from vfkit.errors import VfkitError
 from vfkit.launch.plan import Plan, make_plan
 from vfkit.train.config import RunConfig
+from vfkit.train.resume import require_resumable
 from vfkit.train.run_checks import (
     Check,
     ModelInfo,
@@ -50,10 +52,16 @@ def check_not_running(run: RunDir) -> Check:
     return Check("run", True, f"no other vf-rl runs {run.name}")
 
 
-def check_fresh_or_resumed(run: RunDir, resume: str | None) -> Check:
-    """A fresh run may not start over an earlier run's checkpoints (vf-train refuses it too,
-    but only after vf-rl started the server)."""
+def check_fresh_or_resumed(cfg: RunConfig, run: RunDir, resume: str | None) -> Check:
+    """A fresh run may not start over an earlier run's checkpoints, nor a resumed one change
+    what its checkpoint fixes (vf-train refuses both too, but only after vf-rl started the
+    server)."""
     error = overwrite_error(run, resume=resume is not None)
+    if error is None and resume is not None:
+        try:
+            require_resumable(cfg, None if resume == "latest" else resume)
+        except VfkitError as exc:
+            error = str(exc)
     if error is not None:
         return Check("run", False, error)
     return Check("run", True, f"resume {run.name}" if resume else f"fresh run {run.name}")
@@ -70,7 +78,7 @@ def run_preflight(
     """All checks after the config loaded; `mode` is the tmux/foreground decision."""
     plan = make_plan(cfg, config_path, overrides, resume=resume)
     checks, plan.prompt_tokens = static_checks(cfg)
-    checks[1:1] = [check_not_running(plan.run), check_fresh_or_resumed(plan.run, resume)]
+    checks[1:1] = [check_not_running(plan.run), check_fresh_or_resumed(cfg, plan.run, resume)]
     checks += [mode, _batch_check(cfg)]
     return checks, plan
 

@@ -20,4 +20,5 @@ In data-path order:
     policy.py, learner.py   PEFT LoRA on Accelerate; adapter files; probe logprobs
     adapter_sync.py   the adapter client: load, verify, unload, re-load lost adapters
     loop.py           the loop;  checkpoint.py, metrics.py   resume, metrics sinks
+    resume.py         the checkpoint a resume starts from, and the keys it may not change
 """

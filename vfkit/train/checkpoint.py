@@ -6,6 +6,7 @@ checkpoints/step_N/
     optimizer.pt scheduler.pt rng.pt
     state.json               step, policy version, data cursor, seed, ...
     metrics.jsonl            the run's metrics up to step N
+    config.toml              the resolved config the run had (a resume is checked against it)
 """
 
 from __future__ import annotations
@@ -23,7 +24,10 @@ from safetensors.torch import load_file
 
 from vfkit.errors import VfkitError
 from vfkit.train.policy import save_adapter
+from vfkit.train.resume import find_checkpoint
 from vfkit.train.rundir import RunDir, step_of
+
+__all__ = ["find_checkpoint", "load_checkpoint", "policy_dirs", "save_checkpoint"]
 
 
 def rng_state() -> dict[str, Any]:
@@ -67,31 +71,18 @@ def save_checkpoint(
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     torch.save(rng_state(), tmp / "rng.pt")
-    if run.metrics.exists():
-        shutil.copy(run.metrics, tmp / run.metrics.name)
+    for record in (run.metrics, run.config):
+        if record.exists():
+            shutil.copy(record, tmp / record.name)
     (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=2))
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     if total_limit:
         for old in run.list_checkpoints()[:-total_limit]:
-            shutil.rmtree(old)
+            doomed = old.with_name(f".{old.name}.deleting")  # never half a step_N if killed
+            old.rename(doomed)
+            shutil.rmtree(doomed)
     return final
-
-
-def find_checkpoint(run: RunDir, path: str | None) -> Path:
-    """The checkpoint to resume: an explicit path (checkpoint or run dir), else the latest."""
-    if path:
-        candidate = Path(path)
-        if (candidate / "state.json").exists():
-            return candidate
-        run = RunDir(candidate)
-    found = run.list_checkpoints()
-    if not found:
-        raise VfkitError(
-            f"--resume: no checkpoint under {run.checkpoints}; start without --resume,"
-            " or pass a checkpoint folder (outputs/<run>/checkpoints/step_N)"
-        )
-    return found[-1]
 
 
 def load_checkpoint(
@@ -99,7 +90,15 @@ def load_checkpoint(
 ) -> dict[str, Any]:
     """Restore adapter, optimizer, scheduler and RNG from `path`; return its state.json."""
     weights = load_file(path / "adapter" / "adapter_model.safetensors")
-    result = set_peft_model_state_dict(model, weights)
+    try:
+        result = set_peft_model_state_dict(model, weights)
+    except RuntimeError as exc:  # size mismatches: another lora_rank, target set or model
+        first = str(exc).split("size mismatch for ", 1)[-1].split("\n", 1)[0][:200]
+        raise VfkitError(
+            f"--resume: the adapter in {path} does not fit this run's model and LoRA settings "
+            f"({first}); resume with the settings it was trained with (model, "
+            "trainer.args.lora_*), or start a new run (another trainer.args.run_name)"
+        ) from None
     if getattr(result, "unexpected_keys", None):
         raise VfkitError(f"{path}: adapter does not match the model ({result.unexpected_keys[:3]})")
     optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
@@ -115,3 +114,4 @@ def policy_dirs(path: Path) -> dict[int, Path]:
     dirs = {v: p for p in folders if (v := step_of(p)) is not None}
     dirs[state["policy_version"]] = path / "adapter"
     return dirs
+

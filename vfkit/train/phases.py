@@ -31,6 +31,7 @@ from vfkit.train.metrics import MetricsLogger, rollout_metrics
 from vfkit.train.orchestrator import Orchestrator
 from vfkit.train.placement import inference_server
 from vfkit.train.policy import resolve_model_dir
+from vfkit.train.resume import require_resumable
 from vfkit.train.rundir import RunDir, open_run_dir, run_dir_of
 from vfkit.train.vision import load_processor
 from vfkit.types import SamplingArgs
@@ -54,6 +55,8 @@ def train(
 def _train(
     cfg: RunConfig, resume: str | bool | None, stop: StopFlag, saved_batches: bool, main: bool
 ) -> Path:
+    if main and resume:  # before open_run_dir rewrites config.toml, the record of the run
+        require_resumable(cfg, resume if isinstance(resume, str) else None)
     run = open_run_dir(cfg, resume=bool(resume)) if main else run_dir_of(cfg)
     env, eval_env = load_envs(cfg)
     cfg, sampling = with_rollout_sampling(cfg, env)
