@@ -361,3 +361,21 @@ def test_vf_rl_numeric_flags_are_checked_where_they_enter(
 def test_config_that_is_a_folder(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="is a folder, not a TOML file"):
         load_config(tmp_path)
+
+
+def test_a_prompt_the_template_cannot_render_is_named_with_its_row(
+    echo_config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An empty message list in one row crashed the dry run with the template's traceback."""
+    (tmp_path / "envs" / "empty_row.py").write_text(
+        "import vfkit as vf\nfrom datasets import Dataset\n\n"
+        "def load_environment():\n"
+        "    rows = [{'prompt': [{'role': 'user', 'content': 'hi'}], 'answer': 'a'},\n"
+        "            {'prompt': [], 'answer': 'a'}]\n"
+        "    return vf.SingleTurnEnv(dataset=Dataset.from_list(rows),\n"
+        "                            rubric=vf.Rubric(funcs=[lambda completion: 1.0]))\n"
+    )
+    assert vf_rl(["--dry-run", str(echo_config), "env.id=empty-row"]) == 1
+    out = capsys.readouterr().out
+    (line,) = [x for x in out.splitlines() if x.startswith("✗")]
+    assert "env.id = 'empty-row'" in line and "row 1" in line and "fix the environment" in line

@@ -229,10 +229,19 @@ def check_environment(cfg: RunConfig, info: ModelInfo | None) -> tuple[Check, in
 
     if why := image_prompts_need_vlm(cfg, info.config, dataset["prompt"]):
         return Check("environment", False, why), None
-    try:  # a VLM's processor counts each image's expanded placeholder tokens
-        lengths = [prompt_length(info.tokenizer, p) for p in dataset["prompt"]]
-    except ImageError as exc:
-        return Check("environment", False, f"env.id = {cfg.env.id!r}: a prompt image: {exc}"), None
+    lengths = []
+    for row, prompt in enumerate(dataset["prompt"]):
+        try:  # a VLM's processor counts each image's expanded placeholder tokens
+            lengths.append(prompt_length(info.tokenizer, prompt))
+        except ImageError as exc:
+            return Check("environment", False,
+                         f"env.id = {cfg.env.id!r}: a prompt image: {exc}"), None
+        except (ValueError, TypeError, KeyError) as exc:  # e.g. [] or a message without content
+            return Check("environment", False, (
+                f"env.id = {cfg.env.id!r}: row {row}'s prompt {str(prompt)[:80]} cannot be "
+                f"rendered by the chat template ({type(exc).__name__}: {exc}); fix the "
+                "environment's dataset"
+            )), None
     images = image_note(info.tokenizer, dataset["prompt"])
     kept = [n for n in lengths if n <= a.max_prompt_len]
     if not kept:
