@@ -81,3 +81,29 @@ def test_partial_checkpoints_are_ignored(tmp_path: Path) -> None:
     assert RunDir(tmp_path).list_checkpoints() == []
     with pytest.raises(VfkitError, match="no checkpoint under"):
         find_checkpoint(RunDir(tmp_path), None)
+
+
+def test_a_full_disk_is_named_and_leaves_the_last_checkpoint_whole(
+    tiny_model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ENOSPC while writing a checkpoint ended the run with torch.save's traceback."""
+    import errno
+
+    from vfkit.train.rundir import writing
+
+    model, opt, sched = setup(tiny_model_path, seed=0)
+    run = RunDir(tmp_path)
+    kept = save_checkpoint(run, 1, model=model, optimizer=opt, scheduler=sched,
+                           state={"policy_version": 1}, policies={}, total_limit=0)
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full)  # the disk fills up during the next checkpoint
+    with pytest.raises(VfkitError) as err, writing("the checkpoint", run.checkpoint_dir(2)):
+        save_checkpoint(run, 2, model=model, optimizer=opt, scheduler=sched,
+                        state={"policy_version": 2}, policies={}, total_limit=0)
+    assert "disk is full" in str(err.value) and "--resume" in str(err.value)
+    assert str(run.checkpoint_dir(2)) in str(err.value)
+    assert run.list_checkpoints() == [kept]
+    assert not any(p.name.endswith(".tmp") for p in run.checkpoints.iterdir())  # room given back

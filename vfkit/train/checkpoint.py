@@ -64,17 +64,21 @@ def save_checkpoint(
     final = run.checkpoint_dir(step)
     tmp = final.with_name(f".{final.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_adapter(model, tmp / "adapter")
-    for version, adapter_dir in policies.items():
-        shutil.copytree(adapter_dir, tmp / "policies" / run.adapter_dir(version).name)
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-    torch.save(rng_state(), tmp / "rng.pt")
-    for record in (run.metrics, run.config):
-        if record.exists():
-            shutil.copy(record, tmp / record.name)
-    (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=2))
+    try:
+        tmp.mkdir(parents=True)
+        save_adapter(model, tmp / "adapter")
+        for version, adapter_dir in policies.items():
+            shutil.copytree(adapter_dir, tmp / "policies" / run.adapter_dir(version).name)
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        torch.save(rng_state(), tmp / "rng.pt")
+        for record in (run.metrics, run.config):
+            if record.exists():
+                shutil.copy(record, tmp / record.name)
+        (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=2))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # give back the room a half checkpoint took
+        raise
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     if total_limit:

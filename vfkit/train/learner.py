@@ -25,7 +25,7 @@ from vfkit.train.config import RunConfig
 from vfkit.train.cores import CoreShare
 from vfkit.train.placement import cpu_threads
 from vfkit.train.policy import load_policy, probe_logprobs, resolve_model_dir, save_adapter
-from vfkit.train.rundir import RunDir
+from vfkit.train.rundir import RunDir, writing
 from vfkit.train.samples import Sample
 from vfkit.train.update import policy_update
 from vfkit.train.vision import ImageInputs, allowed_media_dirs, is_image_processor, text_tokenizer
@@ -124,19 +124,21 @@ class Learner:
     def save_adapter(self, version: int) -> Path:
         """adapters/step_<version>: what the server hot-loads."""
         path = self.run.adapter_dir(version)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return save_adapter(self.peft_model, path)
+        with writing("the adapter", path):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            return save_adapter(self.peft_model, path)
 
     def probe_logprobs(self, probe: Probe) -> list[float]:
         """The trainer's fp32 logprobs of a probe the server sampled at temperature 1."""
         return probe_logprobs(self.peft_model, probe.prompt_ids, probe.completion_ids, 1.0)
 
     def save_checkpoint(self, step: int, state: dict[str, Any], policies: dict[int, Path]) -> Path:
-        return checkpoint.save_checkpoint(
-            self.run, step, model=self.peft_model, optimizer=self.optimizer,
-            scheduler=self.scheduler, state=state, policies=policies,
-            total_limit=self.args.save_total_limit,
-        )
+        with writing("the checkpoint", self.run.checkpoint_dir(step)):
+            return checkpoint.save_checkpoint(
+                self.run, step, model=self.peft_model, optimizer=self.optimizer,
+                scheduler=self.scheduler, state=state, policies=policies,
+                total_limit=self.args.save_total_limit,
+            )
 
     def load_checkpoint(self, path: Path) -> dict[str, Any]:
         return checkpoint.load_checkpoint(

@@ -16,8 +16,10 @@ it and keeps checkpoints, metrics and rollouts.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -155,6 +157,26 @@ class RunDir:
         tmp.write_text(json.dumps(state, indent=1))
         tmp.replace(self.state_file)
         return state
+
+
+_DISK_FULL = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is used up",
+              errno.EROFS: "the file system is read-only"}
+
+
+@contextlib.contextmanager
+def writing(what: str, path: Path) -> Iterator[None]:
+    """VfkitError naming `path` and what to do when writing `what` there fails for lack of
+    room (a full disk once ended a run with a torch.save traceback); other errors pass."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in _DISK_FULL:
+            raise
+        raise VfkitError(
+            f"cannot write {what} to {path}: {_DISK_FULL[exc.errno]} ({exc.strerror}); free "
+            "space there (older checkpoints: trainer.args.save_total_limit), then continue "
+            "with --resume from the last complete checkpoint"
+        ) from None
 
 
 def run_dir_of(cfg: RunConfig) -> RunDir:
