@@ -8,7 +8,13 @@ from pathlib import Path
 
 from rich.console import Console
 
-from vfkit.train.metrics import MetricsLogger, progress_line, reward_metrics, rollout_metrics
+from vfkit.train.metrics import (
+    MetricsLogger,
+    note_failures,
+    progress_line,
+    reward_metrics,
+    rollout_metrics,
+)
 
 
 def test_jsonl_every_step_and_truncate(tmp_path: Path) -> None:
@@ -39,3 +45,22 @@ def test_reward_and_rollout_metrics() -> None:
     assert out["errors"] == 1 and out["truncated/frac"] == 1 / 3
     assert out["advantage/mean"] == 0.0 and out["advantage/std"] == 0.5
     assert reward_metrics(states, prefix="eval/")["eval/reward/mean"] == 0.5
+
+
+def test_reward_function_errors_are_counted_and_shown() -> None:
+    """reward/reward_errors averaged only the rollouts without errors, so it was always 0,
+    and nothing on the console said rollouts were failing."""
+    states = [
+        {"reward": 1.0, "metrics": {"f": 1.0, "reward_errors": 0.0}},
+        {"reward": 0.0, "metrics": {"f": 0.0, "reward_errors": 1.0},
+         "error": "reward function f raised ValueError: bad"},
+    ]
+    out = reward_metrics(states)
+    assert out["reward/reward_errors"] == 0.5 and out["reward/f"] == 1.0 and out["errors"] == 1
+    console = Console(file=io.StringIO(), width=200)
+    note_failures(console, 3, [states])
+    text = console.file.getvalue()
+    assert "step 3: 1 of 2 rollouts failed" in text and "reward function f raised" in text
+    quiet = Console(file=io.StringIO())
+    note_failures(quiet, 4, [states[:1]])
+    assert quiet.file.getvalue() == ""

@@ -31,7 +31,7 @@ from vfkit.train.advantages import assign_advantages
 from vfkit.train.batches import Batch, BatchSource
 from vfkit.train.config import TrainerArgs
 from vfkit.train.learner import Learner
-from vfkit.train.metrics import MetricsLogger, StallWatch, rollout_metrics
+from vfkit.train.metrics import MetricsLogger, StallWatch, note_failures, rollout_metrics
 from vfkit.train.samples import build_samples, nothing_to_train
 
 
@@ -71,6 +71,7 @@ def run_loop(
             break
         state.step = batch.step
         metrics = train_on(batch, learner, args)
+        note_failures(log.console, state.step, batch.groups)
         stall.see(state.step, batch.groups)
         metrics |= source.publish(state.step, learner.save_adapter(state.step), learner)
         evaluate = args.eval_steps and (

@@ -11,6 +11,8 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from vfkit.rubrics.rubric import ERRORS_METRIC
+
 CONSOLE_KEYS = (
     ("reward/mean", "reward", ".3f"),
     ("eval/reward/mean", "eval", ".3f"),
@@ -117,16 +119,30 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
 
 
 def reward_metrics(states: list[dict], prefix: str = "") -> dict[str, float]:
-    """reward/mean|std and reward/<fn> over rollouts that did not fail, plus the error count."""
+    """reward/mean|std and reward/<fn> over rollouts that did not fail, plus the error count;
+    reward/reward_errors (reward functions that raised, per rollout) counts every rollout, as
+    those are the rollouts it fails."""
     ok = [s for s in states if not s.get("error")]
     mean, std = _mean_std([float(s.get("reward") or 0.0) for s in ok])
     out = {f"{prefix}reward/mean": mean, f"{prefix}reward/std": std}
-    names = sorted({name for s in ok for name in (s.get("metrics") or {})})
+    names = sorted({name for s in states for name in (s.get("metrics") or {})})
     for name in names:
-        values = [float(s["metrics"][name]) for s in ok if name in (s.get("metrics") or {})]
+        over = states if name == ERRORS_METRIC else ok
+        values = [float(s["metrics"][name]) for s in over if name in (s.get("metrics") or {})]
         out[f"{prefix}reward/{name}"] = _mean_std(values)[0]
     out[f"{prefix}errors"] = len(states) - len(ok)
     return out
+
+
+def note_failures(console: Console, step: int, groups: list[list[dict]]) -> None:
+    """One console line for a step whose rollouts failed: how many, and the first reason
+    (metrics.jsonl only counts them; each one's error is in rollouts/step_N.jsonl)."""
+    states = [s for g in groups for s in g]
+    failed = [s for s in states if s.get("error")]
+    if failed:
+        console.print(
+            f"[yellow]warning:[/] step {step}: {len(failed)} of {len(states)} rollouts failed "
+            f"and were left out; first: {escape(str(failed[0]['error'])[:300])}", soft_wrap=True)
 
 
 def rollout_metrics(groups: list[list[dict]], kept: list[list[dict]]) -> dict[str, float]:
