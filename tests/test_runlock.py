@@ -45,3 +45,19 @@ def test_a_killed_holder_leaves_no_stale_lock(tmp_path):
         holder.wait()
     with RunLock(tmp_path) as lock:  # the kernel dropped the dead process's lock
         assert lock.held
+
+
+def test_vf_rl_sees_a_held_lock_before_it_starts_anything(tmp_path):
+    """vf-rl --resume on a run a vf-train was writing started a second server into its logs
+    before the trainer was refused; its check now reads the lock (without taking it)."""
+    from vfkit.launch.preflight import check_not_running
+    from vfkit.runlock import lock_holder
+    from vfkit.train.rundir import RunDir
+
+    run_dir = tmp_path / "run"
+    assert lock_holder(run_dir) is None and not run_dir.exists()  # creates nothing
+    with RunLock(run_dir):
+        assert lock_holder(run_dir) == str(os.getpid())
+        check = check_not_running(RunDir(run_dir))
+        assert not check.ok and f"pid {os.getpid()}" in check.detail
+    assert lock_holder(run_dir) is None and check_not_running(RunDir(run_dir)).ok

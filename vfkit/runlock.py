@@ -100,3 +100,21 @@ def _read_pid(handle: IO[str]) -> str:
     handle.seek(0)
     text = handle.read().strip()
     return text if text.isdigit() else "unknown"
+
+
+def lock_holder(run_dir: str | os.PathLike[str]) -> str | None:
+    """The pid of the live process holding `run_dir`'s lock ("unknown" if it has not written
+    it yet), or None when none does. Takes nothing and creates nothing: for checks (vf-rl) that
+    must refuse a busy run before they start a server that writes into it."""
+    path = Path(run_dir) / LOCK_FILE
+    try:
+        handle = path.open("r")
+    except OSError:
+        return None
+    with handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _read_pid(handle)
+        fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+    return None

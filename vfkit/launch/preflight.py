@@ -12,6 +12,7 @@ from pathlib import Path
 
 from vfkit.errors import VfkitError
 from vfkit.launch.plan import Plan, make_plan
+from vfkit.runlock import lock_holder
 from vfkit.train.config import RunConfig
 from vfkit.train.resume import require_resumable
 from vfkit.train.run_checks import (
@@ -37,7 +38,8 @@ __all__ = [
 
 
 def check_not_running(run: RunDir) -> Check:
-    """One launcher per run folder: a second one would fight over checkpoints and ports."""
+    """One launcher per run folder, and no other process writing it (a vf-train or vf-eval
+    holding its lock): a second one would fight over checkpoints and ports."""
     state = run.read_state()
     pid = state.get("supervisor_pid")
     if pid and state.get("phase") != "done" and Path(f"/proc/{pid}").exists():
@@ -49,6 +51,11 @@ def check_not_running(run: RunDir) -> Check:
                 f"`vf-rl --clean {run.root}` if that process is not vf-rl"
             ),
         )
+    if (holder := lock_holder(run.root)) is not None:
+        return Check("run", False, (
+            f"{run.root} is in use by another process (pid {holder}); wait for it to finish or "
+            f"stop it (kill {holder}) before running in that folder again"
+        ))
     return Check("run", True, f"no other vf-rl runs {run.name}")
 
 
