@@ -47,3 +47,44 @@ def test_tiny_model_learns_a_trivial_reward_through_the_embedded_server(
     # the trainer shares the CPU with the server: 1 thread while it generates, else both
     assert all(1 <= m["cpu/trainer_threads"] <= (os.cpu_count() or 1) for m in rows)
     assert (run_dir / "checkpoints" / f"step_{len(rows)}" / "adapter").is_dir()
+
+
+class KillServerAfter:
+    """A stop flag that never stops, but SIGKILLs the run's builtin server once `steps` steps
+    are in metrics.jsonl."""
+
+    def __init__(self, run_dir: Path, steps: int) -> None:
+        self.path, self.steps, self.killed = run_dir / "metrics.jsonl", steps, []
+
+    def __call__(self) -> bool:
+        import psutil
+
+        done = self.path.exists() and len(self.path.read_text().splitlines()) >= self.steps
+        if done and not self.killed:
+            for child in psutil.Process().children(recursive=True):
+                if "vfkit.cli.serve" in " ".join(child.cmdline()):
+                    child.kill()
+                    self.killed.append(child.pid)
+        return False
+
+
+@pytest.mark.slow
+def test_a_builtin_server_that_dies_is_started_again_and_the_run_finishes(
+    tiny_model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vf-train's own server killed after step 1: it retried for 2 minutes, then stopped and
+    lost the steps since the last checkpoint. Now the server is started again on its port, the
+    adapters it lost are loaded again, and all 4 steps train."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "fixtures" / "train_envs"))
+    import train_testing
+
+    cfg = train_testing.tiny_config(
+        tiny_model_path, tmp_path, "", 'inference.args={dtype = "float32", threads = 1}',
+        "trainer.args.save_steps=0", "trainer.args.async_level=0",
+    )
+    killer = KillServerAfter(tmp_path / cfg.run_name, 1)
+    run_dir = train(cfg, stop=killer)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert killer.killed and [m["step"] for m in rows] == [1, 2, 3, 4]
+    assert all(m["errors"] == 0 for m in rows)
+    assert all(m["sync/fingerprint_ok"] == 1.0 for m in rows)

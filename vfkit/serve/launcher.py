@@ -25,7 +25,7 @@ import time
 import urllib.error
 import urllib.request
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import psutil
@@ -280,3 +280,53 @@ def _stop_all() -> None:
         live = list(_LIVE)
     for server in live:
         server.stop(timeout=5)
+
+
+class KeptServer:
+    """A server this process started, started again on the same port if it dies (at most
+    `max_restarts` times): vf-train alone owns its builtin server, and a dead one cost the run
+    its steps since the last checkpoint. Clients ride out the gap with their own retries, and
+    the trainer re-loads the adapters the new server lacks (a 404 for one re-loads it).
+
+    kept = KeptServer(lambda port: start_server(model, port=port, ...))
+    kept.base_url ... kept.stop()
+    """
+
+    def __init__(self, start: Callable[[int | None], ServerProcess], max_restarts: int = 3,
+                 poll_s: float = 1.0) -> None:
+        self._start, self.max_restarts, self.restarts = start, max_restarts, 0
+        self.server = start(None)
+        self.base_url = self.server.base_url
+        self._port = int(self.base_url.rsplit(":", 1)[1].split("/", 1)[0])
+        self._stopping = threading.Event()
+        self._watch = threading.Thread(target=self._keep, args=(poll_s,), daemon=True,
+                                       name="vfkit-server-keeper")  # fmt: skip
+        self._watch.start()
+
+    def _keep(self, poll_s: float) -> None:
+        while not self._stopping.wait(poll_s):
+            if self.server.alive():
+                continue
+            code = self.server.returncode
+            if self.restarts >= self.max_restarts:
+                _say(f"the inference server exited again (code {code}), {self.restarts} restarts "
+                     f"already; giving up (its log: {self.server.log_path})")
+                return
+            self.restarts += 1
+            _say(f"the inference server exited (code {code}); starting it again on port "
+                 f"{self._port} ({self.restarts}/{self.max_restarts}; its log: "
+                 f"{self.server.log_path})")
+            try:
+                self.server = self._start(self._port)
+            except ServerError as exc:
+                _say(f"restarting the inference server failed: {exc}")
+                return
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._watch.join(timeout=5)
+        self.server.stop()
+
+
+def _say(line: str) -> None:
+    print(f"vf-train: {line}", file=sys.stderr, flush=True)

@@ -123,14 +123,20 @@ def visible_devices(ids: list[int]) -> Iterator[None]:
 
 @contextlib.contextmanager
 def inference_server(cfg: RunConfig, model_dir: Path, run: RunDir) -> Iterator[str]:
-    """Yield the server's base URL; a server we started is stopped on exit."""
+    """Yield the server's base URL; a server we started is kept running (restarted if it dies)
+    and stopped on exit."""
     if cfg.inference.base_url:
         yield cfg.inference.base_url.rstrip("/")
         return
-    from vfkit.serve.launcher import start_server
+    from vfkit.serve.launcher import KeptServer, start_server
 
-    with visible_devices(device_ids(cfg)[0]):
-        server = start_server(str(model_dir), **launcher_kwargs(cfg, run))  # waits healthy
+    kwargs = launcher_kwargs(cfg, run)
+
+    def start(port: int | None) -> Any:  # waits until healthy
+        with visible_devices(device_ids(cfg)[0]):
+            return start_server(str(model_dir), **{**kwargs, "port": port or kwargs["port"]})
+
+    server = KeptServer(start)  # started again on its port if it dies mid-run
     try:
         yield server.base_url
     finally:
