@@ -152,7 +152,7 @@ def test_a_finished_run_resumed_with_more_steps_keeps_the_lag(tiny_model_path, t
 
 @pytest.mark.slow
 def test_a_resume_that_changes_a_fixed_key_is_refused_and_keeps_the_record(
-    tiny_model_path, tmp_path
+    tiny_model_path, tmp_path, capsys
 ) -> None:
     """Resuming with another lora_rank printed a 28-line size-mismatch traceback; another
     learning_rate was silently ignored (the saved schedule won). Both rewrote config.toml."""
@@ -171,6 +171,10 @@ def test_a_resume_that_changes_a_fixed_key_is_refused_and_keeps_the_record(
             assert (run_dir / "config.toml").read_text() == record
         train(h.tiny_config(tiny_model_path, tmp_path, srv.base_url, "trainer.args.max_steps=3"),
               resume=True)  # the run's own settings, more steps: resumes
+        capsys.readouterr()
+        train(h.tiny_config(tiny_model_path, tmp_path, srv.base_url, "trainer.args.max_steps=2"),
+              resume=True)  # fewer steps than done: says so (it printed nothing)
+    assert "nothing to train" in capsys.readouterr().err
     assert [m["step"] for m in h.metrics(run_dir)] == [1, 2, 3]
 
 

@@ -11,6 +11,7 @@ the last complete rollouts file. This module wires the parts together; the algor
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,10 @@ def _train(
         ckpt = find_checkpoint(run, resume if isinstance(resume, str) else None)
         state.step = state.saved = learner.load_checkpoint(ckpt)["policy_version"]
         policies = policy_dirs(ckpt)
+        if state.step >= a.max_steps and learner.is_main:
+            print(f"vf-train: nothing to train: {ckpt} is at step {state.step} and "
+                  f"trainer.args.max_steps is {a.max_steps}; raise max_steps to train on",
+                  file=sys.stderr, flush=True)
     if not learner.is_main:  # only the main process samples; the others train on its samples
         learner.follow()
         return run.root
