@@ -258,6 +258,18 @@ def test_server_that_fails_to_boot_is_reported_with_its_log(tmp_path: Path) -> N
     assert run.orphans() == []
 
 
+def test_a_killed_trainer_is_named_with_its_signal_and_the_resume_command(tmp_path: Path) -> None:
+    """It said "the trainer exited with code -9", with no word on how to go on."""
+    run = Run(tmp_path)
+    run.wait_steps(2)
+    (trainer,) = [p for p in psutil.Process(run.proc.pid).children(recursive=True)
+                  if "trainer.py" in " ".join(p.cmdline())]
+    trainer.kill()
+    code, out = run.finish()
+    assert code == 1, out
+    assert "the trainer was killed by SIGKILL" in out and "--resume" in out, out
+
+
 def test_the_foreground_echo_leaves_successful_access_lines_in_the_server_log(tmp_path):
     """A 4-step foreground run echoed 231 access lines among 5 trainer lines."""
     import io

@@ -330,8 +330,12 @@ class Supervisor:
             self.trainer.kill()  # its leftovers, if any
             self._start_trainer(self.spec.resume_argv)
             return None
+        how = (f"was killed by {signal.Signals(-code).name}" if code < 0 and -code in
+               signal.valid_signals() else f"exited with code {code}")
+        resume = (" Continue from its last checkpoint with `vf-rl CONFIG --resume`."
+                  if has_checkpoint else "")
         self.failure = self.failure or (
-            f"the trainer exited with code {code}; last lines of {self.run_dir.trainer_log}:\n"
+            f"the trainer {how}.{resume} Last lines of {self.run_dir.trainer_log}:\n"
             + tail(self.run_dir.trainer_log)
         )
         return 1
