@@ -32,9 +32,10 @@ def refuse_lone_surrogates(body: Any) -> None:
         elif isinstance(value, dict):
             strings = [k for k in value if isinstance(k, str)]
             stack += [(f"{path}.{k}" if path else str(k), v) for k, v in value.items()]
-        elif isinstance(value, list):
+        elif isinstance(value, list):  # token id lists are long: only strings and containers
             strings = []
-            stack += [(f"{path}[{i}]", v) for i, v in enumerate(value)]
+            stack += [(f"{path}[{i}]", v) for i, v in enumerate(value)
+                      if isinstance(v, str | dict | list)]
         else:
             continue
         if any(_SURROGATE.search(s) for s in strings):
