@@ -22,46 +22,42 @@ log = logging.getLogger("vfkit.serve")
 
 
 def serve_forever(config: ServeConfig) -> None:
-    """Take the port, load the model, and serve until SIGINT/SIGTERM."""
-    sock = bind_port(config.host, config.port)  # a busy port fails now, not after the model loads
-    try:
-        engine = build_engine(config)
-    except BaseException:
-        sock.close()
-        raise
+    """Check the port, load the model, and serve until SIGINT/SIGTERM."""
+    check_port(config.host, config.port)  # a busy port fails now, not after the model loads
+    engine = build_engine(config)
     app = create_app(engine, config)
     log.info("serving %s on http://%s:%d/v1", config.model_id, config.host, config.port)
-    server = uvicorn.Server(uvicorn.Config(
-        app, host=config.host, port=config.port, log_level=config.log_level,
-        timeout_graceful_shutdown=5,
-    ))  # fmt: skip
     try:
-        server.run(sockets=[sock])
+        uvicorn.run(
+            app,
+            host=config.host,
+            port=config.port,
+            log_level=config.log_level,
+            timeout_graceful_shutdown=5,
+        )
     finally:
         engine.stop()
 
 
-def bind_port(host: str, port: int) -> socket.socket:
-    """A listening-ready socket bound to host:port (as uvicorn binds it); ServerError naming
-    --port / --host when it is taken or cannot be had."""
+def check_port(host: str, port: int) -> None:
+    """ServerError naming --port / --host unless host:port can be bound now (as uvicorn binds
+    it later: a port taken in between still fails there, with uvicorn's own error)."""
     try:
         family, kind, proto, _, address = socket.getaddrinfo(
             host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
         )[0]
-        sock = socket.socket(family, kind, proto)
+        probe = socket.socket(family, kind, proto)
     except OSError as exc:
         raise ServerError(f"--host {host}: cannot listen there ({exc})") from None
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-    except OSError as exc:
-        sock.close()
-        raise ServerError(
-            f"--port {port} on {host} is not free ({exc.strerror}); stop what listens there, "
-            "or choose another --port"
-        ) from None
-    sock.set_inheritable(True)
-    return sock
+    with probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise ServerError(
+                f"--port {port} on {host} is not free ({exc.strerror}); stop what listens "
+                "there, or choose another --port"
+            ) from None
 
 
 class BackgroundServer:
