@@ -258,6 +258,21 @@ class DescendantTracker:
                     proc.kill()
 
 
+def bind_error(host: str, port: int) -> str | None:
+    """Why host:port cannot be bound now, as a server binds it (SO_REUSEADDR), or None: the
+    one test of "is this port free" (vf-serve before it loads a model, the dry run)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port nothing listens on right now (the OS's pick)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

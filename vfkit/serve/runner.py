@@ -16,6 +16,7 @@ import uvicorn
 from vfkit.errors import ServerError
 from vfkit.serve.app import create_app
 from vfkit.serve.config import ServeConfig
+from vfkit.serve.launcher import bind_error
 from vfkit.serve.model import build_engine
 
 log = logging.getLogger("vfkit.serve")
@@ -40,24 +41,13 @@ def serve_forever(config: ServeConfig) -> None:
 
 
 def check_port(host: str, port: int) -> None:
-    """ServerError naming --port / --host unless host:port can be bound now (as uvicorn binds
-    it later: a port taken in between still fails there, with uvicorn's own error)."""
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
-        probe = socket.socket(family, kind, proto)
-    except OSError as exc:
-        raise ServerError(f"--host {host}: cannot listen there ({exc})") from None
-    with probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(address)
-        except OSError as exc:
-            raise ServerError(
-                f"--port {port} on {host} is not free ({exc.strerror}); stop what listens "
-                "there, or choose another --port"
-            ) from None
+    """ServerError naming --port unless host:port can be bound now (uvicorn binds it later: a
+    port taken in between still fails there, with uvicorn's own error)."""
+    if (why := bind_error(host, port)) is not None:
+        raise ServerError(
+            f"--port {port} on {host} is not free ({why}); stop what listens there, or choose "
+            "another --port (or --host)"
+        )
 
 
 class BackgroundServer:

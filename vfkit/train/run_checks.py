@@ -9,7 +9,6 @@ modules are built on the meta device to check LoRA target names.
 from __future__ import annotations
 
 import difflib
-import socket
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -295,14 +294,13 @@ def check_server(cfg: RunConfig) -> Check:
         ))
     if not inf.port:
         return Check("port", True, f"a free port on {inf.host} will be picked")
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((inf.host, inf.port))
-        except OSError as exc:
-            return Check("port", False, (
-                f"inference.port={inf.port} on {inf.host} is in use ({exc.strerror})"
-                f"{_owner(inf.port)}; stop that process or set inference.port = 0 (a free port)"
-            ))
+    from vfkit.serve.launcher import bind_error
+
+    if (why := bind_error(inf.host, inf.port)) is not None:
+        return Check("port", False, (
+            f"inference.port={inf.port} on {inf.host} is in use ({why}){_owner(inf.port)}; "
+            "stop that process or set inference.port = 0 (a free port)"
+        ))
     return Check("port", True, f"{inf.host}:{inf.port} is free")
 
 
