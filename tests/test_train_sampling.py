@@ -54,3 +54,29 @@ def test_the_loss_uses_the_temperature_rollouts_were_sampled_with(tiny_model_pat
     set_by_config = train_testing.tiny_config(tiny_model_path, Path("/tmp"), "http://x/v1",
                                               ENV_SAMPLING, "trainer.args.temperature=0.9")
     assert with_rollout_sampling(set_by_config, env)[0].trainer.args.temperature == 0.9
+
+
+def test_an_orchestrator_given_no_sampling_args_layers_them_as_training_does(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
+    """The Orchestrator's own default (its docstring's usage) must not put the built-in
+    defaults over the environment's sampling_args: it once sent temperature 1.0 here."""
+    import train_testing
+    from transformers import AutoTokenizer
+
+    from vfkit.train.orchestrator import Orchestrator
+    from vfkit.train.phases import load_data
+    from vfkit.train.rundir import RunDir
+
+    with TestServer(train_testing.GroupResponder()) as srv:
+        cfg = train_testing.tiny_config(tiny_model_path, tmp_path, srv.base_url, ENV_SAMPLING)
+        tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+        env, rows, _, _ = load_data(cfg, tokenizer)
+        with Orchestrator(env, rows, base_url=srv.base_url, args=cfg.trainer.args,
+                          run=RunDir(tmp_path / cfg.run_name)) as orch:
+            assert orch.eval_sampling_args == orch.sampling_args
+            orch.submit(1)
+            orch.get(1)
+        bodies = list(srv.requests)
+    assert bodies and all(b["temperature"] == 0.5 for b in bodies)  # the env's own
+    assert all(b["max_tokens"] == 8 and b["top_k"] == 3 for b in bodies)  # config, env

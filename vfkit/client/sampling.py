@@ -5,6 +5,10 @@ Precedence, lowest first (each layer only overrides the keys it sets):
     built-in defaults  <  the environment's own `sampling_args`  <  the run's config
     (keys written in [trainer.args] or given as vf-eval flags)  <  per-call arguments
 
+Training stacks its three lower layers in `TrainerArgs.rollout_sampling_args`
+(vfkit/train/config.py) and passes the result per call; vf-eval passes its flags per call;
+the environment merges its own under them (`Environment.merge_sampling_args`).
+
 vLLM-only knobs (`top_k`, `min_p`, ...) may be given at top level or inside `extra_body`; both
 spellings are the same key, and `extra_body` dicts merge key by key:
 

@@ -25,6 +25,7 @@ from pydantic import (
     field_validator,
 )
 
+from vfkit.client.sampling import merge_sampling_args
 from vfkit.train.config_fields import (
     REDACTED,
     check_base_url,
@@ -33,6 +34,7 @@ from vfkit.train.config_fields import (
     check_server_args,
     not_blank,
 )
+from vfkit.types import SamplingArgs
 
 LossType = Literal["grpo", "dr_grpo", "dapo", "cispo"]
 SchedulerName = Literal[
@@ -316,6 +318,14 @@ class TrainerArgs(Section):
         values = {k: getattr(self, k) for k in SAMPLING_KEYS}
         off = {"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}
         return {k: v for k, v in values.items() if off.get(k, object()) != v}
+
+    def rollout_sampling_args(self, env_sampling: SamplingArgs | None) -> SamplingArgs:
+        """The sampling args rollouts (and evals) run with: the built-in defaults < the
+        environment's own `env_sampling` < the keys this config sets (vfkit/client/sampling.py
+        merges the layers). The one place that orders them for training."""
+        return merge_sampling_args(
+            self.sampling_args(), env_sampling, self.sampling_args(explicit_only=True)
+        )
 
     @property
     def probe_enabled(self) -> bool:

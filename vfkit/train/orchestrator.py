@@ -72,9 +72,10 @@ class Orchestrator:
         policies: dict[int, Path] | None = None,
     ) -> None:
         self.env, self.rows, self.args, self.run = env, rows, args, run
-        self.sampling_args = sampling_args if sampling_args is not None else args.sampling_args()
         self.eval_env, self.eval_rows = eval_env or env, eval_rows or []
-        self.eval_sampling_args = eval_sampling_args or self.sampling_args
+        # None: the run's own layering (defaults < the env's sampling_args < the config's keys)
+        self.sampling_args = _or_layered(sampling_args, args, env)
+        self.eval_sampling_args = _or_layered(eval_sampling_args, args, self.eval_env)
         self.base_url, self.api_key = base_url, api_key
         self.resume_policies = dict(policies or {})  # from a checkpoint: version -> folder
         self.order = DataOrder(len(rows), args.prompts_per_batch, args.seed)
@@ -323,3 +324,7 @@ class Orchestrator:
         states = self._call(run())
         write_rollouts(self.run.eval_rollouts_file(step), [[s] for s in states], version)
         return {**reward_metrics(states, prefix="eval/"), "time/eval": time.monotonic() - started}
+
+
+def _or_layered(given: SamplingArgs | None, args: TrainerArgs, env: Any) -> SamplingArgs:
+    return args.rollout_sampling_args(env.sampling_args) if given is None else given

@@ -19,7 +19,6 @@ from typing import Any
 import torch
 from accelerate import PartialState
 
-from vfkit.client.sampling import merge_sampling_args
 from vfkit.errors import VfkitError
 from vfkit.runlock import RunLock
 from vfkit.train.batches import SavedBatches
@@ -176,9 +175,7 @@ def with_rollout_sampling(cfg: RunConfig, env: Any) -> tuple[RunConfig, Sampling
     see vfkit/client/sampling.py) and a config whose temperature and max_tokens, which the loss
     uses, are the ones the rollouts are sampled with."""
     a = cfg.trainer.args
-    sampling = merge_sampling_args(
-        a.sampling_args(), env.sampling_args, a.sampling_args(explicit_only=True)
-    )
+    sampling = a.rollout_sampling_args(env.sampling_args)
     update = {k: sampling[k] for k in ("temperature", "max_tokens") if k in sampling}
     trainer = cfg.trainer.model_copy(update={"args": a.model_copy(update=update)})
     return cfg.model_copy(update={"trainer": trainer}), sampling
@@ -190,9 +187,7 @@ def eval_setup(cfg: RunConfig, eval_env: Any, tokenizer: Any) -> dict[str, Any]:
     if not a.eval_steps:
         return {}
     dataset = eval_env.get_eval_dataset(n=a.eval_num_examples, seed=a.seed)
-    sampling = merge_sampling_args(
-        a.sampling_args(), eval_env.sampling_args, a.sampling_args(explicit_only=True)
-    )
+    sampling = a.rollout_sampling_args(eval_env.sampling_args)
     rows = dataset_rows(dataset, tokenizer, a.max_prompt_len)[0]
     return {"eval_env": eval_env, "eval_rows": rows, "eval_sampling_args": sampling}
 
