@@ -181,13 +181,15 @@ def _launcher(ctx: Ctx) -> None:
 
 @check("inference.gpus", "trainer.gpus")
 def _gpus(ctx: Ctx) -> None:
-    from vfkit.cli.train import accelerate_argv
+    """The ids become each process's CUDA_VISIBLE_DEVICES: tests/test_train_devices.py."""
+    from vfkit.cli.train import relaunch
 
     cfg = ctx.cfg("inference.gpus=1", "trainer.gpus=2", "trainer.args.batch_size=16")
     assert device_ids(cfg) == ([0], [1, 2]) and world_size(cfg) == 2
-    argv = accelerate_argv(cfg, ["c.toml"])
+    argv, env = relaunch(cfg, ["c.toml"])
     assert argv[argv.index("--num_processes") + 1] == "2" and argv[-2:] == ["vfkit.cli.train",
                                                                              "c.toml"]
+    assert env["CUDA_VISIBLE_DEVICES"] == "1,2"
     assert device_ids(ctx.cfg("inference.gpus=[3]", "trainer.gpus=[5]")) == ([3], [5])
     with pytest.raises(ConfigError, match="8 × 2"):
         ctx.cfg("trainer.gpus=2", "trainer.args.micro_batch_size=8")

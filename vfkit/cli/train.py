@@ -58,16 +58,21 @@ def install_stop_handlers(stop) -> dict[int, object]:
     return {sig: signal.signal(sig, handle) for sig in STOP_SIGNALS}
 
 
-def accelerate_argv(cfg, argv: list[str]) -> list[str] | None:
-    """The `accelerate launch` command for several trainer GPUs (None: run in this process)."""
-    from vfkit.train.placement import device_ids
+def relaunch(cfg, argv: list[str]) -> tuple[list[str], dict[str, str]] | None:
+    """The command and environment vf-train re-executes itself with when `trainer.gpus` names
+    GPUs: CUDA then shows it only those, and several run under `accelerate launch` (None: run
+    in this process: "auto", the CPU, or already re-executed)."""
+    from vfkit.train.placement import device_ids, trainer_environ
 
-    devices = device_ids(cfg)[1]
-    if len(devices) < 2 or "LOCAL_RANK" in os.environ:
+    env = trainer_environ(cfg)
+    if env is None:
         return None
+    devices = device_ids(cfg)[1] or []
+    if len(devices) < 2:
+        return [sys.executable, "-m", "vfkit.cli.train", *argv], env
     launch = [sys.executable, "-m", "accelerate.commands.launch"]
     return [*launch, "--num_processes", str(len(devices)), "--multi_gpu",
-            "-m", "vfkit.cli.train", *argv]
+            "-m", "vfkit.cli.train", *argv], env
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,16 +84,15 @@ def main(argv: list[str] | None = None) -> int:
         from vfkit.train.config_loader import load_config
 
         cfg = load_config(args.config, args.overrides)  # every config error, before any model
-        if "LOCAL_RANK" not in os.environ:  # accelerate's ranks: the launching process checked
+        from vfkit.train.placement import relaunched
+
+        if not relaunched():  # the vf-train that re-executed this one checked the config
             from vfkit.train.run_checks import require_static_checks
 
             require_static_checks(cfg, server=args.phase != "update")
-        relaunch = accelerate_argv(cfg, argv)
-        if relaunch:
-            from vfkit.train.placement import device_ids
-
-            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, device_ids(cfg)[1]))
-            os.execv(sys.executable, relaunch)
+        again = relaunch(cfg, argv)
+        if again:
+            os.execve(sys.executable, *again)
         from vfkit.train.loop import StopFlag
         from vfkit.train.phases import run_phase
 

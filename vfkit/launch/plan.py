@@ -1,7 +1,8 @@
 """What a run will start, where, and how much work each step is: printed by `vf-rl --dry-run`.
 
-Devices: `gpus` may be a count or explicit ids; counts are laid out server first, then trainer
-(inference.gpus = 2, trainer.gpus = 2 -> server on 0,1 and trainer on 2,3).
+Devices: `gpus` may be "auto" (the default: the first GPU when there is one, else the CPU), a
+count or explicit ids; counts are laid out server first, then trainer (inference.gpus = 2,
+trainer.gpus = 2 -> server on 0,1 and trainer on 2,3); 0 = the CPU.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 
 from vfkit.train.config import RunConfig, gpu_count
 from vfkit.train.config_fields import REDACTED, SECRET_KEYS
-from vfkit.train.placement import choose_backend, device_ids
+from vfkit.train.placement import choose_backend, describe_devices, device_ids
 from vfkit.train.rundir import RunDir
 
 
@@ -22,12 +23,12 @@ class ProcessPlan:
 
     name: str
     argv: list[str]
-    devices: list[int] = field(default_factory=list)  # [] = CPU
+    devices: list[int] | None = field(default_factory=list)  # [] = CPU, None = auto
     env: dict[str, str] = field(default_factory=dict)
 
     @property
     def where(self) -> str:
-        return "CPU" if not self.devices else "GPU " + ",".join(map(str, self.devices))
+        return describe_devices(self.devices)
 
 
 @dataclass
@@ -36,7 +37,7 @@ class Plan:
 
     run: RunDir
     backend: str  # "builtin" | "vllm" | "external"
-    server_devices: list[int]
+    server_devices: list[int] | None
     trainer: ProcessPlan
     steps: int
     rollouts_per_step: int
@@ -126,11 +127,9 @@ def format_plan(plan: Plan, cfg: RunConfig, mode: str) -> str:
     if plan.backend == "external":
         server = f"use the running server at {inf.base_url} (none started)"
     else:
-        where = (
-            "CPU" if not plan.server_devices else "GPU " + ",".join(map(str, plan.server_devices))
-        )
         port = f"{inf.host}:{inf.port}" if inf.port else f"{inf.host}, free port"
         auto = " (backend auto)" if inf.backend == "auto" else ""
+        where = describe_devices(plan.server_devices)
         server = f"{plan.backend}{auto} serving {cfg.model} ({port}, {where})"
     procs = f"{plan.world_size} process" + ("es" if plan.world_size > 1 else "")
     lines = [

@@ -41,6 +41,7 @@ SchedulerName = Literal[
     "constant", "constant_with_warmup", "linear", "cosine", "cosine_with_restarts", "polynomial"
 ]
 ReportTarget = Literal["jsonl", "wandb", "tensorboard"]
+Gpus = int | list[int] | Literal["auto"]
 
 
 class Section(BaseModel):
@@ -78,8 +79,9 @@ class InferenceConfig(Section):
     """Interface the started server binds."""
     port: int = Field(0, ge=0, le=65535)
     """Port of the started server; 0 picks a free one."""
-    gpus: int | list[int] = 0
-    """GPUs for the server: a count, or explicit device ids; 0 = CPU."""
+    gpus: Gpus = "auto"
+    """GPUs for the started server: "auto" (the first GPU when one is visible, else the CPU),
+    a count, or device ids (among those visible to vf-rl / vf-train); 0 = the CPU."""
     base_url: str = ""
     """Use an already-running OpenAI-compatible server (e.g. http://host:8000/v1) instead."""
     api_key: str = ""
@@ -89,7 +91,7 @@ class InferenceConfig(Section):
 
     @field_validator("gpus")
     @classmethod
-    def _gpus_not_negative(cls, value: int | list[int]) -> int | list[int]:
+    def _gpus_not_negative(cls, value: Gpus) -> Gpus:
         return check_gpus(value)
 
     @field_validator("host")
@@ -334,14 +336,15 @@ class TrainerArgs(Section):
 
 
 class TrainerConfig(Section):
-    gpus: int | list[int] = 0
-    """GPUs for the trainer: a count or explicit ids; 0 = CPU. More than one runs accelerate."""
+    gpus: Gpus = "auto"
+    """GPUs for the trainer: "auto" (the first GPU when one is visible, else the CPU), a count,
+    or device ids; 0 = the CPU. More than one runs accelerate; any ids hide the other GPUs."""
     args: TrainerArgs = Field(default_factory=TrainerArgs)
     """Training hyper-parameters."""
 
     @field_validator("gpus")
     @classmethod
-    def _gpus_not_negative(cls, value: int | list[int]) -> int | list[int]:
+    def _gpus_not_negative(cls, value: Gpus) -> Gpus:
         return check_gpus(value)
 
 
@@ -373,7 +376,8 @@ class RunConfig(Section):
         return f"{self.env.id}--{self.model.rstrip('/').split('/')[-1]}"
 
 
-def gpu_count(gpus: int | list[int]) -> int:
-    """Number of devices a `gpus` value names."""
+def gpu_count(gpus: Gpus) -> int:
+    """Number of devices a `gpus` value names ("auto": 1, or none on a machine without one)."""
+    if gpus == "auto":
+        return 1
     return len(gpus) if isinstance(gpus, list) else gpus
-

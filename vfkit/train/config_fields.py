@@ -20,8 +20,8 @@ REDACTED = "***"  # what a secret shows as in dumps and messages
 SECRET_KEYS = ("api_key",)  # keys whose values never appear in dumps or messages
 
 
-def check_gpus(value: int | list[int]) -> int | list[int]:
-    """A GPU count >= 0, or a list of device ids >= 0."""
+def check_gpus(value: Any) -> Any:
+    """"auto", a GPU count >= 0, or a list of device ids >= 0."""
     if isinstance(value, int) and value < 0:
         raise ValueError("must be >= 0 (a count) or a list of device ids")
     if isinstance(value, list) and any(i < 0 for i in value):

@@ -23,7 +23,7 @@ from vfkit.train import checkpoint
 from vfkit.train.adapter_sync import Probe
 from vfkit.train.config import RunConfig
 from vfkit.train.cores import CoreShare
-from vfkit.train.placement import cpu_threads
+from vfkit.train.placement import cpu_threads, trainer_on_cpu
 from vfkit.train.policy import load_policy, probe_logprobs, resolve_model_dir, save_adapter
 from vfkit.train.rundir import RunDir, writing
 from vfkit.train.samples import Sample
@@ -38,7 +38,7 @@ class Learner:
         args = self.args = cfg.trainer.args
         self.run = run
         # bf16 is applied as explicit autocast in the update (probes stay fp32), so "no" here
-        self.accelerator = Accelerator(mixed_precision="no", cpu=not torch.cuda.is_available())
+        self.accelerator = Accelerator(mixed_precision="no", cpu=trainer_on_cpu(cfg))
         set_seed(args.seed)
         split = cpu_threads(cfg)
         self.cores: CoreShare | None = None  # None: threads fixed (GPU, remote server, OMP set)

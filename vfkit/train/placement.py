@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from vfkit.train.config import RunConfig, gpu_count
+from vfkit.train.config import RunConfig
 from vfkit.train.rundir import RunDir
 
 # [inference.args] keys that are start_server() parameters; the rest become --flags
@@ -35,13 +35,37 @@ def choose_backend(cfg: RunConfig) -> str:
     return "vllm" if torch.cuda.is_available() and has_vllm else "builtin"
 
 
-def device_ids(cfg: RunConfig) -> tuple[list[int], list[int]]:
-    """GPU ids of (server, trainer): explicit lists as given; counts take devices in order."""
+def device_ids(cfg: RunConfig) -> tuple[list[int] | None, list[int] | None]:
+    """GPU ids of (server, trainer), among the devices visible here: explicit lists as given;
+    counts take devices in order, the server's first; [] = the CPU; None = "auto" (whatever
+    the process finds: the first GPU when there is one, else the CPU)."""
     inf, tr = cfg.inference.gpus, cfg.trainer.gpus
-    inf_ids = inf if isinstance(inf, list) else list(range(inf))
-    start = 0 if isinstance(inf, list) else gpu_count(inf)
-    tr_ids = tr if isinstance(tr, list) else list(range(start, start + tr))
+    inf_ids = None if inf == "auto" else inf if isinstance(inf, list) else list(range(inf))
+    start = len(inf_ids) if isinstance(inf, int) else 0
+    tr_ids = None if tr == "auto" else tr if isinstance(tr, list) else [*range(start, start + tr)]
     return inf_ids, tr_ids
+
+
+def describe_devices(ids: list[int] | None) -> str:
+    """How the dry run names a process's devices."""
+    if ids is None:
+        return "auto: the first GPU if any, else CPU"
+    return "CPU" if not ids else "GPU " + ",".join(map(str, ids))
+
+
+def trainer_on_cpu(cfg: RunConfig) -> bool:
+    """Whether the trainer runs on the CPU: `trainer.gpus = 0`, or "auto" with no GPU."""
+    import torch
+
+    return device_ids(cfg)[1] == [] or not torch.cuda.is_available()
+
+
+def server_on_cpu(cfg: RunConfig) -> bool:
+    """Whether a server started here runs on the CPU (`inference.gpus = 0`, or "auto" with no
+    GPU); it is then the builtin one, as vLLM needs a GPU."""
+    import torch
+
+    return device_ids(cfg)[0] == [] or not torch.cuda.is_available()
 
 
 def flag_args(args: dict[str, Any]) -> list[str]:
@@ -70,9 +94,7 @@ def cpu_threads(cfg: RunConfig) -> tuple[int, int] | None:
     Two processes that each take every core thrash (measured ~8x slower steps on 2 cores), so
     the cores are split: half for the trainer, the rest for the builtin server.
     """
-    import torch
-
-    if torch.cuda.is_available() or choose_backend(cfg) != "builtin":
+    if not (server_on_cpu(cfg) and trainer_on_cpu(cfg)) or choose_backend(cfg) != "builtin":
         return None
     host = urllib.parse.urlparse(cfg.inference.base_url).hostname
     if cfg.inference.base_url and host not in ("127.0.0.1", "localhost", "::1"):
@@ -106,19 +128,68 @@ def launcher_kwargs(cfg: RunConfig, run: RunDir) -> dict[str, Any]:
     }
 
 
+# CUDA_VISIBLE_DEVICES as vf-rl / vf-train found it ("unset": no such variable), kept for the
+# server a trainer starts after hiding the GPUs that are not its own: config ids count among these
+SEEN_DEVICES = "VFKIT_SEEN_CUDA_VISIBLE_DEVICES"
+
+
+def _seen_devices() -> str | None:
+    seen = os.environ.get(SEEN_DEVICES)
+    if seen is None:
+        return os.environ.get("CUDA_VISIBLE_DEVICES")
+    return None if seen == "unset" else seen
+
+
+def visible_value(ids: list[int]) -> str:
+    """CUDA_VISIBLE_DEVICES that shows a child exactly `ids` of the devices visible to this
+    run ("" = none: the CPU). Ids index the devices the run was given: under a scheduler's
+    CUDA_VISIBLE_DEVICES=4,5, id 1 is device 5."""
+    seen = _seen_devices()
+    if seen is None or not seen.strip():
+        return ",".join(map(str, ids))
+    names = [d.strip() for d in seen.split(",")]
+    return ",".join(names[i] if i < len(names) else str(i) for i in ids)
+
+
 @contextlib.contextmanager
-def visible_devices(ids: list[int]) -> Iterator[None]:
-    """CUDA_VISIBLE_DEVICES for a child process started inside the block."""
+def visible_devices(ids: list[int] | None) -> Iterator[None]:
+    """CUDA_VISIBLE_DEVICES for a child process started inside the block: `ids` of the run's
+    devices, or (None, "auto") all of them, as vf-rl / vf-train found them."""
     old = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if ids:
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, ids))
+    if ids is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible_value(ids)
+    elif SEEN_DEVICES in os.environ:
+        _set_or_pop("CUDA_VISIBLE_DEVICES", _seen_devices())
     try:
         yield
     finally:
-        if old is None:
-            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = old
+        _set_or_pop("CUDA_VISIBLE_DEVICES", old)
+
+
+def _set_or_pop(key: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(key, None)
+    else:
+        os.environ[key] = value
+
+
+def relaunched() -> bool:
+    """Whether this vf-train was re-executed by another (accelerate's ranks, or to hide the
+    GPUs that are not its own): that one checked the config, against its view of the GPUs."""
+    return "LOCAL_RANK" in os.environ or SEEN_DEVICES in os.environ
+
+
+def trainer_environ(cfg: RunConfig) -> dict[str, str] | None:
+    """The environment vf-train must re-execute itself with so that CUDA shows it only its
+    own GPUs (None: none needed: "auto", the CPU, or already done). Set before CUDA starts,
+    as CUDA reads the variable once; the run's own view is kept for the server it starts."""
+    ids = device_ids(cfg)[1]
+    if not ids or relaunched():
+        return None
+    env = dict(os.environ)
+    env[SEEN_DEVICES] = os.environ.get("CUDA_VISIBLE_DEVICES", "unset")
+    env["CUDA_VISIBLE_DEVICES"] = visible_value(ids)
+    return env
 
 
 @contextlib.contextmanager

@@ -19,7 +19,7 @@ from vfkit.errors import ConfigError, VfkitError
 from vfkit.images import ImageError
 from vfkit.train.config import RunConfig
 from vfkit.train.data import prompt_length
-from vfkit.train.placement import choose_backend, device_ids, flag_args
+from vfkit.train.placement import choose_backend, describe_devices, device_ids, flag_args
 from vfkit.train.vision import is_vlm, load_processor, text_tokenizer
 
 
@@ -342,20 +342,20 @@ def check_server_flags(cfg: RunConfig, backend: str) -> Check | None:
 
 def check_devices(cfg: RunConfig) -> Check:
     server, trainer = device_ids(cfg)
-    wanted = sorted(set(server) | set(trainer))
+    wanted = sorted(set(server or []) | set(trainer or []))
     if not wanted:
-        return Check("devices", True, "CPU only")
+        return Check("devices", True, "CPU only" if server == trainer == [] else "auto")
     import torch
 
     have = torch.cuda.device_count()
     if max(wanted) >= have:
         return Check("devices", False, (
             f"the config uses GPU ids {wanted} (inference.gpus, trainer.gpus) but {have} "
-            "GPU(s) are visible"
+            f"GPU(s) are visible: use ids below {have}, or \"auto\" to share the first GPU"
         ))
-    return Check(
-        "devices", True, f"server GPUs {server or 'none'}, trainer GPUs {trainer or 'none'}"
-    )
+    return Check("devices", True, (
+        f"server {describe_devices(server)}; trainer {describe_devices(trainer)}"
+    ))
 
 
 def static_checks(cfg: RunConfig, *, server: bool = True) -> tuple[list[Check], int | None]:
