@@ -164,3 +164,24 @@ def test_eval_rollouts_are_saved_like_training_rollouts(tiny_model_path, tmp_pat
     assert [r["policy_version"] for r in evals] == [2, 2, 2]
     assert [r["group"] for r in evals] == [0, 1, 2]
     assert all(r["reward"] is not None and r["trajectory"][0]["tokens"] for r in evals)
+
+
+def test_eval_rollouts_ride_out_a_server_blip_as_training_rollouts_do(
+    tiny_model_path, tmp_path
+) -> None:
+    """Eval rollouts had only the environment's 3 retries: 8 overloaded answers made the held-out
+    reward an error where a training batch would have waited them out."""
+    import train_testing
+
+    with TestServer(train_testing.GroupResponder()) as srv:
+        cfg = train_testing.tiny_config(tiny_model_path, tmp_path, srv.base_url,
+                                        "trainer.args.eval_steps=2",
+                                        "trainer.args.eval_num_examples=1")
+        env, rows, eval_env, eval_rows = load_data(cfg, make_tokenizer())
+        run = RunDir(tmp_path / cfg.run_name)
+        with Orchestrator(env, rows, base_url=srv.base_url, args=cfg.trainer.args, run=run,
+                          eval_env=eval_env, eval_rows=eval_rows[:1]) as orch:
+            srv.fail_next(503, n=8, retry_after=0.01)
+            metrics = orch.evaluate(0)
+            asked = len(srv.requests)
+    assert asked == 9 and metrics["eval/errors"] == 0

@@ -97,11 +97,13 @@ class Orchestrator:
     async def _setup(self) -> None:
         self.sync = AdapterSync(self.base_url, self.api_key, timeout=self.args.sync_timeout)
         # a 404 for one of our adapters (the server restarted and lost it) re-loads it
+        # each call's timeout is the env's (`timeout`); its retries are `self.retries`; the
+        # whole batch is bounded by generation_timeout (get)
         self.client = AsyncOpenAI(
             base_url=self.base_url, api_key=self.api_key or "EMPTY",
-            timeout=self.args.generation_timeout, max_retries=3,
             http_client=DefaultAsyncHttpxClient(transport=self.sync.transport()),
         )
+        self.retries = retries_within(self.args.sync_timeout)
         served = await self.sync.served_models()  # the base model: the entry not an adapter
         self.loaded[0] = ([m["id"] for m in served if not m.get("parent")] or [served[0]["id"]])[0]
         # max_concurrent counts rollouts; groups run whole, so it rounds down to groups (min 1)
@@ -232,7 +234,7 @@ class Orchestrator:
             async with self.group_slots:
                 return await self.env.run_group(
                     inputs, self.client, model, self.seeded(self.sampling_args, *where),
-                    max_retries=retries_within(self.args.sync_timeout))
+                    max_retries=self.retries)
 
         async def sample(indices: list[int], *where: int | str) -> list[list[State]]:
             return list(await asyncio.gather(
@@ -317,7 +319,8 @@ class Orchestrator:
                 # the same seeds at every eval: steps differ by their policy, not their draws
                 args = self.seeded(self.eval_sampling_args, "eval", index)
                 async with self.group_slots:
-                    return await self.eval_env.run_rollout(dict(row), self.client, model, args)
+                    return await self.eval_env.run_rollout(
+                        dict(row), self.client, model, args, max_retries=self.retries)
 
             return list(await asyncio.gather(*(one(i, r) for i, r in enumerate(self.eval_rows))))
 
