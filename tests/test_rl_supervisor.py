@@ -43,6 +43,7 @@ TRAINER = textwrap.dedent(
     out, steps = sys.argv[1], int(sys.argv[2])
     url = sys.argv[-1].split("=", 1)[1].removesuffix("/v1") + "/health"
     strict, resume = "--strict" in sys.argv, "--resume" in sys.argv
+    half = "--half-checkpoints" in sys.argv  # step dirs without state.json: killed mid-save
     subprocess.Popen(["sleep", "300"])  # a grandchild the supervisor must not leave behind
     stop = []
     def on_int(*_):
@@ -64,6 +65,8 @@ TRAINER = textwrap.dedent(
         step += 1
         open(out + "/steps", "w").write(str(step))
         os.makedirs(f"{out}/checkpoints/step_{step}", exist_ok=True)
+        if not half:
+            open(f"{out}/checkpoints/step_{step}/state.json", "w").write("{}")
         print(f"step {step}", flush=True)
     open(out + "/checkpoint", "w").write(str(step))
     print("checkpointed at step", step, flush=True)
@@ -91,6 +94,7 @@ DRIVER = textwrap.dedent(
     become_subreaper()
     trainer = [sys.executable, cfg["trainer"], cfg["run"], str(cfg["steps"])]
     trainer += ["--strict"] if cfg["strict"] else []
+    trainer += ["--half-checkpoints"] if cfg.get("half_checkpoints") else []
     spec = RunSpec(run=run, trainer_argv=trainer, start_server=start_server, health_timeout=20,
                    resume_argv=[*trainer, "--resume"],
                    max_restarts=cfg["max_restarts"], stop_timeout=30, report=False)
@@ -218,6 +222,18 @@ def test_dead_server_is_restarted_and_the_trainer_carries_on(tmp_path: Path) -> 
     assert "server is back; the trainer continues" in out
     assert json.loads((run.dir / ".vfrl" / "state.json").read_text())["server_restarts"] == 1
     assert (run.dir / "checkpoint").read_text() == "8"
+    assert run.orphans() == []
+
+
+def test_a_trainer_without_a_complete_checkpoint_is_not_resumed(tmp_path: Path) -> None:
+    """Step folders without state.json (a save cut short) are no checkpoint: resuming from
+    them could only fail, so the run stops with the trainer's error instead."""
+    run = Run(tmp_path, steps=8, strict=True, half_checkpoints=True)
+    run.wait_steps(2)
+    psutil.Process(json.loads((run.dir / ".vfrl" / "state.json").read_text())["server_pid"]).kill()
+    code, out = run.finish()
+    assert code != 0 and "my adapter is gone" in out
+    assert "resuming it" not in out
     assert run.orphans() == []
 
 

@@ -45,7 +45,7 @@ def render_page(
     """The whole report page as one string."""
     if is_eval_run(run):
         return _eval_page(run, samples, generated=generated)
-    config = run.root / "config.toml"
+    config = run.config
     config_text = config.read_text(errors="replace") if config.exists() else ""
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",

@@ -313,7 +313,7 @@ class Supervisor:
         recent = self.incident_at is not None and (
             time.monotonic() - self.incident_at < INCIDENT_WINDOW_S
         )
-        has_checkpoint = any(self.run_dir.checkpoints.glob("step_*"))
+        has_checkpoint = bool(self.run_dir.list_checkpoints())  # complete ones
         can_resume = self.spec.resume_argv is not None and has_checkpoint
         if (
             recent

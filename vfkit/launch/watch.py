@@ -51,7 +51,7 @@ def sparkline(values: list[float], width: int = 30) -> str:
 def max_steps_of(run: RunDir) -> int | None:
     """trainer.args.max_steps from the resolved config the trainer wrote, if any."""
     try:
-        cfg = tomllib.loads((run.root / "config.toml").read_text())
+        cfg = tomllib.loads(run.config.read_text())
         return int(cfg["trainer"]["args"]["max_steps"])
     except (OSError, KeyError, TypeError, ValueError, tomllib.TOMLDecodeError):
         return None
@@ -133,7 +133,7 @@ def follow_log(run: RunDir, which: str, *, pane: bool = False) -> int:
     """Print logs/<which>.log and follow it until the run is over."""
     if pane:
         signal.signal(signal.SIGINT, lambda *_: _forward_sigint(run))
-    path = run.logs / f"{which}.log"
+    path = run.log(which)
     # a pane shows this run only (logs append across runs); a user asking later sees it all
     offset = path.stat().st_size if pane and path.exists() else 0
     while True:

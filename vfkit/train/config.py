@@ -262,7 +262,8 @@ class TrainerArgs(Section):
     """Seed for data order, LoRA init, dropout, and rollout sampling: every rollout request
     carries a seed derived from it, the step and the group (client/sampling.py)."""
     report_to: list[ReportTarget] = Field(default_factory=lambda: ["jsonl"])
-    """Metric sinks besides the console: jsonl, wandb, tensorboard."""
+    """Trackers besides metrics.jsonl (always written) and the console: wandb, tensorboard
+    ("jsonl" is accepted and changes nothing)."""
     logging_steps: int = Field(1, ge=1)
     """Console/wandb/tensorboard log every N steps (metrics.jsonl gets every step)."""
     # --- adapter sync

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from vfkit.rubrics.rubric import ERRORS_METRIC
+from vfkit.train.rundir import RunDir
 
 CONSOLE_KEYS = (
     ("reward/mean", "reward", ".3f"),
@@ -41,7 +42,8 @@ def progress_line(step: int, max_steps: int, metrics: dict[str, Any], eta_s: flo
 
 
 class MetricsLogger:
-    """Writes each step's metrics to every sink the config names."""
+    """Writes each step's metrics to metrics.jsonl, the run's record (resume, `vf-rl watch` and
+    the report read it), then to the console and the trackers the config names."""
 
     def __init__(
         self,
@@ -54,8 +56,7 @@ class MetricsLogger:
         config: dict[str, Any],
         console: Console | None = None,
     ) -> None:
-        self.path = run_dir / "metrics.jsonl"
-        self.jsonl = "jsonl" in report_to
+        self.path = RunDir(run_dir).metrics
         self.logging_steps = logging_steps
         self.max_steps = max_steps
         self.console = console or Console(stderr=True)
@@ -82,9 +83,8 @@ class MetricsLogger:
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         """Record one step (step 0 = the evaluation before training)."""
         record = {"step": step, **metrics}
-        if self.jsonl:
-            with self.path.open("a") as f:
-                f.write(json.dumps(record) + "\n")
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
         if step % self.logging_steps and step != self.max_steps:
             return
         numbers = {k: v for k, v in metrics.items() if isinstance(v, int | float)}

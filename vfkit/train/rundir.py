@@ -114,17 +114,21 @@ class RunDir:
     def logs(self) -> Path:
         return self.root / "logs"
 
+    def log(self, which: str) -> Path:
+        """logs/<which>.log: "server", "trainer", "vf-rl"."""
+        return self.logs / f"{which}.log"
+
     @property
     def server_log(self) -> Path:
-        return self.logs / "server.log"
+        return self.log("server")
 
     @property
     def trainer_log(self) -> Path:
-        return self.logs / "trainer.log"
+        return self.log("trainer")
 
     @property
     def supervisor_log(self) -> Path:
-        return self.logs / "vf-rl.log"
+        return self.log("vf-rl")
 
     @property
     def report(self) -> Path:
