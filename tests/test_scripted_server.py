@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import openai
@@ -226,3 +227,25 @@ async def test_requests_are_validated_by_the_real_server():
             with pytest.raises(openai.BadRequestError):
                 await client.chat.completions.create(model="m", messages=msgs, extra_body=bad)
     assert len(srv.requests) == 4  # recorded all the same
+
+
+def test_an_unload_that_fails_after_its_answer_is_logged(tmp_path, monkeypatch, caplog) -> None:
+    """The unload route answers before the engine frees the adapter (once no sequence uses it);
+    an error freeing it went nowhere. Now it reaches the server log."""
+    import httpx
+
+    with TestServer("ok") as srv:
+        httpx.post(srv.base_url + "/load_lora_adapter",
+                   json={"lora_name": "a", "lora_path": str(tmp_path)}).raise_for_status()
+
+        def broken(name: str) -> None:
+            raise RuntimeError(f"cannot free {name}")
+
+        monkeypatch.setattr(srv.engine.lora, "apply_unload", broken)
+        with caplog.at_level("ERROR", logger="vfkit.serve.app"):
+            answer = httpx.post(srv.base_url + "/unload_lora_adapter", json={"lora_name": "a"})
+            deadline = time.monotonic() + 10
+            while "freeing adapter 'a' failed" not in caplog.text and time.monotonic() < deadline:
+                time.sleep(0.02)
+    assert answer.status_code == 200
+    assert "freeing adapter 'a' failed" in caplog.text and "cannot free a" in caplog.text

@@ -9,9 +9,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import secrets
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +48,7 @@ from vfkit.serve.token_route import GenerateRequest, generate_response, sampling
 from vfkit.serve.vision import MediaPolicy, VisionInputs, vision_prompt
 
 _DISCONNECT_POLL_S = 1.0
+logger = logging.getLogger(__name__)
 
 
 class Server:
@@ -322,11 +325,20 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
 
     @app.post("/v1/unload_lora_adapter")
     async def unload_lora(req: UnloadLoraRequest) -> PlainTextResponse:
-        engine.lora.begin_unload(req.lora_name)
-        engine.call(partial(engine.lora.apply_unload, req.lora_name), unused_adapter=req.lora_name)
+        engine.lora.begin_unload(req.lora_name)  # 404 for it from now on
+        # freed once no sequence uses it, which may be long after this answer
+        done = engine.call(partial(engine.lora.apply_unload, req.lora_name),
+                           unused_adapter=req.lora_name)
+        done.add_done_callback(partial(_log_failure, f"freeing adapter '{req.lora_name}'"))
         return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' removed successfully.")
 
     return app
+
+
+def _log_failure(what: str, future: Future) -> None:
+    """A deferred operation's error goes to the server log (nobody awaits its future)."""
+    if future.exception() is not None:
+        logger.error("%s failed", what, exc_info=future.exception())
 
 
 def _install_errors_and_auth(app: FastAPI, api_key: str | None) -> None:

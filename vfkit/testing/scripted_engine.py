@@ -112,8 +112,12 @@ class ScriptedEngine:
         return None  # the script decides the text; seeds change nothing
 
     def call(self, fn: Callable[[], Any], *, unused_adapter: str | None = None) -> Future:
+        """As the engine's worker does: the outcome, or the error, lands on the future."""
         future: Future = Future()
-        future.set_result(fn())
+        try:
+            future.set_result(fn())
+        except Exception as exc:
+            future.set_exception(exc)
         return future
 
     def stop(self) -> None:
