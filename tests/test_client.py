@@ -88,3 +88,19 @@ async def test_call_model_maps_overflow_and_keeps_other_errors():
         with pytest.raises(openai.BadRequestError) as err:
             await call_model(client, "m", "q", {"max_tokens": 1})
     assert not is_context_overflow(err.value)
+
+
+async def test_server_knobs_the_sdk_does_not_know_reach_the_body():
+    """prime-rl's sampling (through verifiers 0.4) puts vLLM's `cache_salt` and
+    `chat_template_kwargs` at the top level; the SDK's create() refused them, so every call
+    failed before any request was sent."""
+    args = {"max_tokens": 5, "cache_salt": "s1", "chat_template_kwargs": {"enable_thinking": False},
+            "extra_body": {"top_k": 3}}
+    with TestServer(["ok", "ok"]) as srv:
+        client = srv.client()
+        await call_model(client, "m", [{"role": "user", "content": "q"}],
+                         prepare_sampling_args(args, "chat"))
+        await call_model(client, "m", "prefix:", prepare_sampling_args(args, "completion"))
+    for body in srv.requests:
+        assert body["cache_salt"] == "s1" and body["top_k"] == 3 and body["max_tokens"] == 5
+        assert body["chat_template_kwargs"] == {"enable_thinking": False}

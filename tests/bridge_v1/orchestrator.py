@@ -41,6 +41,14 @@ def start_env_server(config: vf.EnvConfig) -> tuple[mp.Process, str]:
     return proc, queue.get(timeout=120)
 
 
+# the shape of what prime-rl's orchestrator sends (its sampling config, the env config's
+# extra_body defaults, a per-request cache salt): vLLM-only keys the openai SDK does not take
+PRIME_RL_SAMPLING = {
+    "temperature": 1.0, "top_p": 1.0, "logprobs": True,
+    "extra_body": {"top_k": -1, "min_p": 0.0, "return_token_ids": True, "cache_salt": "0"},
+}
+
+
 def trace_to_samples(trace: vf.Trace, advantage: float) -> list[dict]:
     return [{"token_ids": b.token_ids, "mask": b.sampled_mask, "logprobs": b.logprobs,
              "advantage": advantage, "reward": trace.reward, "ok": trace.ok,
@@ -59,7 +67,7 @@ async def orchestrate(taskset_id: str, base_url: str, tokenizer_dir: str, env_ar
     try:
         await client.wait_for_server_startup(timeout=120)
         train_client = TrainClientConfig(base_url=base_url, renderer_model_name=tokenizer_dir)
-        sampling = vf.SamplingConfig(temperature=1.0)
+        sampling = vf.SamplingConfig(**PRIME_RL_SAMPLING)
         samples = []
         for task in tasks:
             episodes = await asyncio.gather(*(

@@ -11,6 +11,9 @@ fit the model's context raises `ContextOverflowError` instead of a generic 400.
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable
 from typing import Any
 
 import openai
@@ -54,6 +57,24 @@ def cap_max_tokens(args: SamplingArgs, remaining: int) -> SamplingArgs:
     return {**args, key: remaining if current is None else min(current, remaining)}
 
 
+def for_create(create: Callable[..., Any], args: SamplingArgs) -> SamplingArgs:
+    """`args` with every key the openai SDK's `create` does not take moved into extra_body:
+    the server's own knobs (vLLM's `cache_salt`, `chat_template_kwargs`, ...) reach it in the
+    body, as prime-rl and verifiers send them, instead of failing every call in the SDK."""
+    known = _keywords(getattr(create, "__func__", create))  # cached per SDK function
+    unknown = {k: v for k, v in args.items() if k not in known}
+    if not unknown:
+        return args
+    out = {k: v for k, v in args.items() if k in known}
+    out["extra_body"] = {**unknown, **dict(args.get("extra_body") or {})}
+    return out
+
+
+@functools.cache
+def _keywords(create: Callable[..., Any]) -> frozenset[str]:
+    return frozenset(inspect.signature(create).parameters)
+
+
 async def call_model(
     client: openai.AsyncOpenAI,
     model: str,
@@ -69,11 +90,13 @@ async def call_model(
     """
     try:
         if isinstance(prompt, str):
-            response = await client.completions.create(model=model, prompt=prompt, **sampling_args)
+            create = client.completions.create
+            response = await create(model=model, prompt=prompt, **for_create(create, sampling_args))
         else:
+            create = client.chat.completions.create
             extra = {"tools": tools} if tools else {}
-            response = await client.chat.completions.create(
-                model=model, messages=prompt, **extra, **sampling_args
+            response = await create(
+                model=model, messages=prompt, **extra, **for_create(create, sampling_args)
             )
     except openai.BadRequestError as e:
         if is_context_overflow(e):
