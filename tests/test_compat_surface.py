@@ -323,3 +323,58 @@ def test_load_example_dataset_makes_the_real_hub_call_and_maps_rows(monkeypatch)
         f"q{i}": f"{i},000" for i in range(5)}.items()
     with pytest.raises(ConfigError, match="no split 'test'; available: \\['train'\\]"):
         vf.load_example_dataset("gsm8k", split="test")
+
+
+SUBMODULE_IMPORTS = '''
+from verifiers.envs.multiturn_env import MultiTurnEnv
+from verifiers.parsers import XMLParser
+from verifiers.rubrics.judge_rubric import JudgeRubric
+from verifiers.types import ChatMessages, ModelResponse
+from verifiers.utils.async_utils import maybe_await
+from verifiers.utils.data_utils import BOXED_SYSTEM_PROMPT, extract_boxed_answer
+from verifiers.utils.tool_utils import convert_func_to_oai_tool
+
+
+def load_environment():
+    import verifiers as vf
+
+    assert MultiTurnEnv is vf.MultiTurnEnv and XMLParser is vf.XMLParser
+    assert JudgeRubric is vf.JudgeRubric and "boxed" in BOXED_SYSTEM_PROMPT
+    return vf.SingleTurnEnv(dataset=[{"question": "q", "answer": "a"}],
+                            system_prompt=BOXED_SYSTEM_PROMPT)
+'''
+
+
+def test_classic_submodule_imports_are_served_or_refused_by_name(tmp_path, monkeypatch) -> None:
+    """verifiers' own examples import classes from submodules (verifiers.rubrics.judge_rubric,
+    ...): they failed with "No module named", whose advice (install verifiers) cannot help."""
+    (tmp_path / "classic_submodules.py").write_text(SUBMODULE_IMPORTS)
+    (tmp_path / "classic_unknown_module.py").write_text(
+        "from verifiers.utils.message_utils import concat_messages\n")
+    (tmp_path / "classic_missing_class.py").write_text(
+        "from verifiers.envs.textarena_env import TextArenaEnv\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        env = vfkit.load_environment("classic-submodules")
+        assert "boxed" in env.system_prompt
+        with pytest.raises(Exception, match=r"verifiers\.utils\.message_utils .*not provided"):
+            vfkit.load_environment("classic-unknown-module")
+        with pytest.raises(Exception, match="no TextArena bridge exists in vfkit"):
+            vfkit.load_environment("classic-missing-class")
+    finally:
+        for name in ("classic_submodules", "classic_unknown_module", "classic_missing_class"):
+            sys.modules.pop(name, None)
+    assert not [name for name in sys.modules if name.split(".")[0] == "verifiers"]
+    import importlib.util
+
+    assert importlib.util.find_spec("verifiers") is None  # the finder is gone too
+
+
+def test_classic_maybe_await_takes_the_function_and_its_arguments() -> None:
+    from vfkit.compat.verifiers.utils.async_utils import maybe_await
+
+    async def add(a, b):
+        return a + b
+
+    assert asyncio.run(maybe_await(add, 1, b=2)) == 3
+    assert asyncio.run(maybe_await(lambda a: a * 2, 4)) == 8

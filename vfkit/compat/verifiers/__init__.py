@@ -95,10 +95,33 @@ __all__ = [  # ReasoningGymEnv comes from __getattr__ (reasoning-gym is optional
     "extract_hash_answer",
     "load_environment",
     "load_example_dataset",
+    "print_prompt_completions_sample",
     "setup_logging",
     "stop",
     "teardown",
 ]
+
+
+def print_prompt_completions_sample(
+    prompts: list[Any], completions: list[Any], rewards: list[float], step: int = 0, **_: Any
+) -> None:
+    """Print a table of prompts, completions and rewards (classic's logging helper)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"step {step}", show_lines=True)
+    for column in ("prompt", "completion", "reward"):
+        table.add_column(column)
+    for prompt, completion, reward in zip(prompts, completions, rewards, strict=False):
+        table.add_row(_printable(prompt), _printable(completion), f"{float(reward):.3f}")
+    Console().print(table)
+
+
+def _printable(messages: Any) -> str:
+    if isinstance(messages, list):
+        return "\n".join(f"{m.get('role')}: {m.get('content')}" for m in messages
+                         if isinstance(m, dict))
+    return str(messages)
 
 
 def setup_logging(level: str = "INFO", log_format: str | None = None,

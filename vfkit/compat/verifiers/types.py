@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from openai.types.chat import ChatCompletionMessageToolCall
+
 from vfkit.compat.outputs import ClassicOutputs as GenerateOutputs
 from vfkit.rubrics.rubric import RewardFunc
 from vfkit.types import Message, Messages, SamplingArgs, State, TrajectoryStep
 
 ChatMessage = Message
+ChatMessages = list[Message]
+ModelResponse = dict[str, Any]  # vfkit keeps a response as its JSON dict (`model_dump()`)
 Info = dict[str, Any]
 RolloutInput = dict[str, Any]
 GenerateMetadata = dict[str, Any]
@@ -17,7 +21,8 @@ IndividualRewardFunc = RewardFunc
 GroupRewardFunc = RewardFunc
 
 __all__ = [
-    "ChatMessage", "GenerateMetadata", "GenerateOutputs", "GroupRewardFunc",
-    "IndividualRewardFunc", "Info", "Message", "MessageType", "Messages", "RewardFunc",
-    "RolloutInput", "SamplingArgs", "State", "TrajectoryStep",
+    "ChatCompletionMessageToolCall", "ChatMessage", "ChatMessages", "GenerateMetadata",
+    "GenerateOutputs", "GroupRewardFunc", "IndividualRewardFunc", "Info", "Message",
+    "MessageType", "Messages", "ModelResponse", "RewardFunc", "RolloutInput", "SamplingArgs",
+    "State", "TrajectoryStep",
 ]

@@ -1,1 +1,1 @@
-"""`verifiers.utils` of 0.1.x (only `data_utils` is provided)."""
+"""`verifiers.utils` of 0.1.x: `data_utils`, `async_utils` and `tool_utils` are provided."""
