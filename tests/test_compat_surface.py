@@ -378,3 +378,13 @@ def test_classic_maybe_await_takes_the_function_and_its_arguments() -> None:
 
     assert asyncio.run(maybe_await(add, 1, b=2)) == 3
     assert asyncio.run(maybe_await(lambda a: a * 2, 4)) == 8
+
+
+def test_env_group_takes_its_environments_positionally_as_classic_examples_do() -> None:
+    """verifiers' math_group example: vf.EnvGroup([env1, env2], env_names=[...]). The list
+    landed in `oai_tools` and the call failed with "missing argument: 'envs'"."""
+    first = vf.SingleTurnEnv(dataset=[{"question": "a?", "answer": "a"}])
+    second = vf.SingleTurnEnv(dataset=[{"question": "b?", "answer": "b"}])
+    group = vf.EnvGroup([first, second], env_names=["first", "second"])
+    assert group.env_names == ["first", "second"] and group.classic_oai_tools is None
+    assert sorted(group.get_dataset()["task"]) == ["first", "second"]

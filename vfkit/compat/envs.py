@@ -83,8 +83,10 @@ def _parse_tools(value: Any) -> list[dict[str, Any]] | None:
 class Environment(_env.Environment):
     """vfkit's Environment with classic 0.1.x constructor arguments and generate/evaluate."""
 
-    def __init__(self, oai_tools: list[dict[str, Any]] | None = None,
+    def __init__(self, *args: Any, oai_tools: list[dict[str, Any]] | None = None,
                  score_rollouts: bool = True, **kwargs: Any) -> None:
+        """Positional arguments go where the vfkit class takes them (`dataset`, ...;
+        EnvGroup: `envs`, as in `vf.EnvGroup([env1, env2], env_names=[...])`)."""
         for name, what in REFUSED_ARGS.items():
             if name in kwargs:
                 raise ConfigError(f"{type(self).__name__}: the classic argument {name}= is not "
@@ -93,7 +95,7 @@ class Environment(_env.Environment):
             if name in kwargs:
                 value = kwargs.pop(name)
                 logger.warning("%s=%r has no effect in vfkit: %s", name, value, why)
-        super().__init__(**kwargs)
+        super().__init__(*args, **kwargs)
         self.classic_oai_tools = list(oai_tools) if oai_tools else None
         self.score_rollouts = score_rollouts
         if marked_methods(self, "teardown"):
