@@ -388,3 +388,29 @@ def test_env_group_takes_its_environments_positionally_as_classic_examples_do() 
     group = vf.EnvGroup([first, second], env_names=["first", "second"])
     assert group.env_names == ["first", "second"] and group.classic_oai_tools is None
     assert sorted(group.get_dataset()["task"]) == ["first", "second"]
+
+
+class EndsTheGame(vf.MultiTurnEnv):
+    """verifiers 0.1.9+: the environment ends a rollout by setting state["final_env_response"]."""
+
+    def __init__(self, returns_it: bool, **kwargs):
+        super().__init__(**kwargs)
+        self.returns_it = returns_it
+
+    async def env_response(self, messages, state, **kwargs):
+        if state["turn"] < 2:
+            return [{"role": "user", "content": "again"}]
+        state["final_env_response"] = [{"role": "user", "content": "Game over."}]
+        return state["final_env_response"] if self.returns_it else []
+
+
+@pytest.mark.parametrize("returns_it", [True, False])
+def test_final_env_response_ends_the_rollout_with_those_messages(returns_it) -> None:
+    """It was ignored: the model kept playing until max_turns, and those turns were trained on."""
+    env = EndsTheGame(returns_it, dataset=[{"question": "play", "answer": "x"}], max_turns=6)
+    with TestServer("move") as srv:
+        out = env.evaluate_sync(srv.client(), "m", num_examples=1)
+        calls = len(srv.requests)
+    state = out.states[0]
+    assert calls == 2 and state["stop_condition"] == "has_final_env_response"
+    assert [m["content"] for m in state["completion"]] == ["move", "again", "move", "Game over."]

@@ -239,6 +239,12 @@ class MultiTurnEnv(Environment, _mt.MultiTurnEnv):
     async def max_turns_reached(self, state: State) -> bool:
         return self.max_turns > 0 and state["turn"] >= self.max_turns
 
+    @stop(priority=100)
+    async def has_final_env_response(self, state: State) -> bool:
+        """verifiers 0.1.9+: the environment ended the rollout by setting
+        `state["final_env_response"]` (its last messages), so no model turn follows."""
+        return state.get("final_env_response") is not None
+
     async def is_completed(self, *args: Any, **kwargs: Any) -> bool:  # type: ignore[override]
         """`is_completed(state)` (vfkit) or `is_completed(messages, state)` (classic)."""
         state = kwargs.get("state", args[-1] if args else None)
@@ -248,6 +254,7 @@ class MultiTurnEnv(Environment, _mt.MultiTurnEnv):
                       sampling_args: dict[str, Any]) -> State:
         """vfkit's rollout loop, then the classic `@vf.cleanup` hooks."""
         state = await super().rollout(input, client, model, sampling_args)
+        _end_with_final_response(state)
         for hook in marked_methods(self, "cleanup"):
             try:
                 await maybe_await(hook(state))
@@ -275,6 +282,21 @@ class SingleTurnEnv(MultiTurnEnv, _st.SingleTurnEnv):
 
 class EnvGroup(Environment, _group.EnvGroup):
     """Classic EnvGroup: several environments as one, rows routed by `task`."""
+
+
+def _end_with_final_response(state: State) -> None:
+    """The completion ends with `state["final_env_response"]` (already there when env_response
+    also returned it, as classic environments usually do)."""
+    final = state.get("final_env_response")
+    if final is None or state.get("stop_condition") != "has_final_env_response":
+        return
+    if isinstance(state["completion"], str):
+        if not state["completion"].endswith(str(final)):
+            state["completion"] += str(final)
+        return
+    messages = [{"role": "user", "content": final}] if isinstance(final, str) else list(final)
+    if state["completion"][-len(messages):] != messages:
+        state["completion"].extend(messages)
 
 
 def _takes_messages(method: Callable[..., Any]) -> bool:
