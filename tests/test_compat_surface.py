@@ -141,7 +141,7 @@ def test_multiturn_defaults_and_classic_stop_order() -> None:
     assert env.max_turns == -1  # classic: no limit unless given (vfkit's own default is 10)
     # classic: higher priority first, then by name; no stop at a cut-off reply
     assert [name for name, _ in env.stop_conditions] == [
-        "early", "answered", "max_turns_reached", "prompt_too_long"]
+        "has_final_env_response", "early", "answered", "max_turns_reached", "prompt_too_long"]
     with TestServer("x") as srv:
         state = env.evaluate_sync(srv.client(), "m", {"max_tokens": 8}).states[0]
     assert state["turn"] == 2 and state["stop_condition"] == "answered"
