@@ -102,3 +102,15 @@ def test_kl_term_adds_beta_times_kl() -> None:
     x = inputs(*ON_POLICY, kl_BT=torch.tensor([[0.5, 0.5], [0.5, 0.0]]), beta=0.1)
     # dapo: base -1/3 plus 0.1 * (0.5 + 0.5 + 0.5) / 3 tokens = 0.05
     assert LOSSES["dapo"](x).loss.item() == pytest.approx(-1 / 3 + 0.05, abs=1e-6)
+
+
+def test_the_entropy_metric_is_the_categorical_entropy_computed_in_chunks() -> None:
+    """Chunked so that it never holds two more B × T × V tensors; the value must not change."""
+    from vfkit.train.policy import entropy
+
+    torch.manual_seed(0)
+    logits = torch.randn(3, 7, 50) * 4
+    log_norm = torch.logsumexp(logits, dim=-1)
+    expected = torch.distributions.Categorical(logits=logits).entropy()
+    for rows in (1, 5, 21, 4096):  # chunks that split, match and exceed the 21 positions
+        assert torch.allclose(entropy(logits, log_norm, rows_per_chunk=rows), expected, atol=1e-5)

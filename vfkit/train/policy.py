@@ -123,12 +123,23 @@ def token_logprobs(
     targets_BT = input_ids_BT[:, 1:]
     log_norm_BT = torch.logsumexp(logits_BTV, dim=-1)
     logprobs_BT = logits_BTV.gather(-1, targets_BT.unsqueeze(-1)).squeeze(-1) - log_norm_BT
-    entropy_BT = None
-    if with_entropy:
-        with torch.no_grad():  # H = logZ - E_p[logit]
-            probs_BTV = torch.softmax(logits_BTV.detach(), dim=-1)
-            entropy_BT = log_norm_BT.detach() - (probs_BTV * logits_BTV.detach()).sum(-1)
+    entropy_BT = entropy(logits_BTV.detach(), log_norm_BT.detach()) if with_entropy else None
     return logprobs_BT, entropy_BT
+
+
+@torch.no_grad()
+def entropy(logits_BTV: torch.Tensor, log_norm_BT: torch.Tensor,
+            rows_per_chunk: int = 1024) -> torch.Tensor:
+    """H = logZ - E_p[logit] per position, a chunk of positions at a time: a metric only, so
+    it adds chunk × vocab floats, not two more B × T × V tensors (GBs at a 150k vocabulary)."""
+    vocab = logits_BTV.shape[-1]
+    logits_NV, log_norm_N = logits_BTV.reshape(-1, vocab), log_norm_BT.reshape(-1)
+    out_N = torch.empty_like(log_norm_N)
+    for start in range(0, logits_NV.shape[0], rows_per_chunk):
+        part = slice(start, start + rows_per_chunk)
+        probs = torch.exp(logits_NV[part] - log_norm_N[part, None])
+        out_N[part] = log_norm_N[part] - (probs * logits_NV[part]).sum(-1)
+    return out_N.reshape(log_norm_BT.shape)
 
 
 @torch.no_grad()
