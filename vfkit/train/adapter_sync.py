@@ -2,8 +2,9 @@
 
 vLLM's runtime-LoRA routes (the embedded server and TestServer speak them too):
 POST /v1/load_lora_adapter, POST /v1/unload_lora_adapter, loaded names listed by GET /v1/models.
-A load is trusted only when the server lists the adapter and, when asked, a probe completion's
-logprobs under it match the trainer's own (so a stale or wrongly scaled adapter cannot pass).
+A load is trusted when the server reports the fingerprint of exactly the weights the trainer
+saved (vf-serve does), or else lists the adapter and, when asked, a probe completion's logprobs
+under it match the trainer's own (so a stale or wrongly scaled adapter cannot pass).
 """
 
 from __future__ import annotations

@@ -268,10 +268,12 @@ class TrainerArgs(Section):
     """Console/wandb/tensorboard log every N steps (metrics.jsonl gets every step)."""
     # --- adapter sync
     sync_timeout: float = Field(120.0, gt=0)
-    """Seconds an adapter hot-load (load + verify) may take before the run stops with an error."""
+    """Seconds the server may be unreachable or busy before the run stops with an error: the
+    adapter load and its check each retry this long (the whole hot-load is bounded by twice
+    this plus 5 s), and rollouts retry a server blip this long."""
     adapter_probe_tolerance: float = Field(0.2, ge=0, allow_inf_nan=True)
-    """Max mean |logprob difference| server vs trainer on the probe (fp32 server: ~1e-6, bf16:
-    ~0.02-0.1); inf skips the probe."""
+    """Max median |logprob difference| server vs trainer on the probe's tokens (fp32 server:
+    ~1e-6, bf16: ~0.02-0.1); inf skips the probe."""
 
     @field_validator("report_to", mode="before")
     @classmethod
