@@ -16,7 +16,7 @@ SDK_TESTS := tests/test_client.py tests/test_environment.py tests/test_multiturn
 	tests/test_registry.py tests/test_trajectory_tokens.py tests/test_scripted_server.py \
 	tests/test_eval_cli.py tests/test_eval_config.py tests/test_eval_results.py \
 	tests/test_eval_target.py tests/test_compat_surface.py tests/test_compat_contract.py \
-	tests/test_env_images.py
+	tests/test_env_images.py tests/test_train_resilience.py
 
 .PHONY: install test test-openai2 run lint clean
 
@@ -43,7 +43,8 @@ $(OPENAI2)/.installed: | $(VENV)/bin/python
 	$(PIP) install -q --no-deps --target $(OPENAI2) 'openai>=2,<3' 'distro>=1.7,<2'
 	touch $@
 
-# The SDK (envs, client, parsers, rubrics, vf-eval, compat) under openai 2.x (~2 minutes).
+# The SDK (envs, client, parsers, rubrics, vf-eval, compat) and the trainer's rollout and
+# adapter-sync client (test_train_resilience.py) under openai 2.x (~2 minutes).
 test-openai2: install $(OPENAI2)/.installed
 	PYTHONPATH=$(OPENAI2) $(PY) -c "import openai; assert openai.__version__[0] == '2', openai.__version__"
 	PYTHONPATH=$(OPENAI2) $(VENV)/bin/pytest -m "not slow" $(SDK_TESTS)
