@@ -38,6 +38,12 @@ def test_training_steps_run_on_the_gpu_and_change_the_adapter(
     rows = train_testing.metrics(run_dir)
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["samples/trained"] > 0 and r["grad_norm"] > 0 for r in rows)
+    assert torch.cuda.max_memory_allocated() > 0  # the trainer's tensors were on the GPU
+    from safetensors.torch import load_file
+
+    adapter = run_dir / "checkpoints" / "step_2" / "adapter" / "adapter_model.safetensors"
+    lora_b = [t for k, t in load_file(adapter).items() if "lora_B" in k]
+    assert lora_b and any(t.abs().sum() > 0 for t in lora_b)  # B starts at zero: it trained
 
 
 def test_probe_logprobs_on_gpu_match_the_cpu(tiny_model_path: Path) -> None:

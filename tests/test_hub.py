@@ -74,17 +74,13 @@ def test_smollm2_gguf_converts_once_and_reloads_fast(tmp_path, monkeypatch):
     assert "quantization_config" not in (folder / "config.json").read_text()
     assert not list(tmp_path.glob("models/*.tmp-*"))
 
-    start = time.monotonic()
     assert hub.resolve_model(hub.SMOLLM2_ID, cache_dir=tmp_path) == folder
-    assert time.monotonic() - start < 1.0
+    assert len(conversions) == 1  # a later run reuses the folder (load times: benchmarks/)
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    start = time.monotonic()
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    load_s = time.monotonic() - start
-    assert load_s < 5.0  # < 1 s on an idle machine (benchmarks/RESULTS.md); tests share cores
     tok = AutoTokenizer.from_pretrained(folder)
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     ids = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")

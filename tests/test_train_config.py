@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-import time
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,7 @@ def test_exp_toml_is_shipped() -> None:
 
 def test_defaults() -> None:
     cfg = parse_config(BASE)
-    assert cfg.args.async_level == 1 and cfg.args.loss_type == "grpo"
+    assert cfg.args.loss_type == "grpo"  # async_level: the machine's (test below)
     assert cfg.run_name == "reverse-text--m"
     assert cfg.args.clip_high == cfg.args.epsilon  # epsilon_high defaults to epsilon
 
@@ -184,10 +185,15 @@ def test_overrides_types_and_locations() -> None:
 def test_cli_reports_config_errors_before_loading_anything(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """A fresh interpreter: vf-train's config error comes before torch is even imported."""
+    bad = tmp_path / "early.toml"
+    bad.write_text('model = "no/such-model"\n[env]\nid = "nope"\n[trainer.args]\nbatchsize = 8\n')
+    code = ("import sys; from vfkit.cli.train import main; rc = main([sys.argv[1]]); "
+            "print('torch' in sys.modules, 'transformers' in sys.modules); sys.exit(rc)")
+    out = subprocess.run([sys.executable, "-c", code, str(bad)], capture_output=True, text=True)
+    assert out.returncode == 2 and out.stdout.split() == ["False", "False"], out.stderr
     path = tmp_path / "bad.toml"
     path.write_text('model = "no/such-model"\n[env]\nid = "nope"\n[trainer.args]\nbatchsize = 8\n')
-    started = time.monotonic()
     assert vf_train([str(path)]) == 2
-    assert time.monotonic() - started < 5  # no model, no server, no environment was loaded
     err = capsys.readouterr().err
     assert f"{path}:5: unknown key trainer.args.batchsize" in err and "Traceback" not in err

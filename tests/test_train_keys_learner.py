@@ -4,7 +4,6 @@ test_train_keys.py."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -191,6 +190,4 @@ def _truncation(ctx: Ctx) -> None:
 
 @pytest.mark.parametrize("check_fn", params(__name__))
 def test_key_takes_effect(check_fn: Callable, tiny_model_path: Path, tmp_path: Path) -> None:
-    started = time.monotonic()
     check_fn(Ctx(tiny_model_path, tmp_path))
-    assert time.monotonic() - started < 120

@@ -30,6 +30,7 @@ exists once and a test passing here passes against `vf-serve`.
   `logprob`; `max_tokens` cuts them (finish_reason "length"); `stop` strings end the text early.
 - Context: a prompt of >= `max_context` tokens, or prompt + max_tokens > `max_context`, gets
   vLLM's 400 "This model's maximum context length is N tokens ...".
+- `max_in_flight`: the most generation requests it was answering at once (client concurrency).
 - Faults: `fail_next(status, n=1, retry_after=None)` answers the next n generation requests with
   that status (Retry-After header when given, in seconds, floats allowed);
   `delay_next(seconds, n=1)` holds the next n generation requests that long (client timeouts).
@@ -44,10 +45,12 @@ exists once and a test passing here passes against `vf-serve`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
@@ -100,11 +103,18 @@ class _Recorder:
             body = {**body, "prompt": self.server.decode_prompt(body.get("token_ids"))}
         if path in _LORA:
             self.server.lora_requests.append((_LORA[path], body))
-        else:
+            await self._serve(scope, receive, send, raw, body)
+            return
+        with self.server._counting_in_flight():
             failure = await self.server._on_generation_request(body)
             if failure is not None:
                 await failure(scope, receive, send)
                 return
+            await self._serve(scope, receive, send, raw, body)
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send, raw: bytes,
+                     body: Any) -> None:
+        """The app, given the body already read."""
         replayed = False
 
         async def replay() -> Message:
@@ -143,6 +153,7 @@ class TestServer:
         self.api_key = api_key
         self.engine = ScriptedEngine(responder, self.tokenizer, max_context, logprob, model)
         self.requests: list[dict[str, Any]] = []
+        self.in_flight = self.max_in_flight = 0  # generation requests being answered
         self.lora_requests: list[tuple[str, dict[str, Any]]] = []
         self._failures: list[tuple[int, float | None, str | None]] = []
         self._delays: list[float] = []
@@ -229,6 +240,17 @@ class TestServer:
         """Hold the next `n` generation requests for `seconds` before answering."""
         with self._lock:
             self._delays.extend([seconds] * n)
+
+    @contextlib.contextmanager
+    def _counting_in_flight(self) -> Iterator[None]:
+        with self._lock:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.in_flight -= 1
 
     async def _on_generation_request(self, body: Any) -> JSONResponse | None:
         """Record the body; wait out an injected delay; the injected failure's answer, if any."""
