@@ -198,8 +198,8 @@ def _gpus(ctx: Ctx) -> None:
 @check("inference.base_url")
 def _base_url(ctx: Ctx) -> None:
     cfg = ctx.cfg(base_url="http://127.0.0.1:9/v1/")
-    with inference_server(cfg, ctx.model, RunDir(ctx.tmp)) as url:  # nothing is started
-        assert url == "http://127.0.0.1:9/v1"
+    with inference_server(cfg, ctx.model, RunDir(ctx.tmp)) as server:  # nothing is started
+        assert server.base_url == "http://127.0.0.1:9/v1" and server.failure() is None
 
 
 @check("inference.api_key")

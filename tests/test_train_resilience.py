@@ -185,3 +185,53 @@ def test_eval_rollouts_ride_out_a_server_blip_as_training_rollouts_do(
             metrics = orch.evaluate(0)
             asked = len(srv.requests)
     assert asked == 9 and metrics["eval/errors"] == 0
+
+
+class DeadServer:
+    """A started server process that has already exited (what KeptServer watches)."""
+
+    base_url, returncode, log_path = "http://127.0.0.1:9/v1", -9, "logs/server.log"
+
+    def alive(self) -> bool:
+        return False
+
+    def stop(self) -> None:
+        pass
+
+
+def test_a_server_that_cannot_be_kept_stops_the_run_at_once(tiny_model_path, tmp_path) -> None:
+    """When vf-train's own server could not be restarted, the keeper only printed a line and
+    every rollout then retried for sync_timeout; now the batch wait ends with the reason."""
+    from vfkit.errors import ServerError, VfkitError
+    from vfkit.serve.launcher import KeptServer
+
+    def start(port):
+        if port is not None:  # a restart
+            raise ServerError("port 9 is taken")
+        return DeadServer()
+
+    def gave_up(kept: KeptServer) -> str | None:
+        deadline = time.monotonic() + 10
+        while kept.failure is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        kept.stop()
+        return kept.failure
+
+    assert gave_up(KeptServer(lambda port: DeadServer(), max_restarts=1, poll_s=0.01)) == (
+        "the inference server exited again (code -9) after 1 restarts; see its log: "
+        "logs/server.log")
+    kept = KeptServer(start, max_restarts=1, poll_s=0.01)
+    assert gave_up(kept) == "restarting the inference server failed: port 9 is taken"
+
+    import train_testing
+
+    with TestServer(train_testing.GroupResponder()) as srv:
+        srv.delay_next(30, n=8)  # the batch would take long: the failure must not wait for it
+        cfg = train_testing.tiny_config(tiny_model_path, tmp_path, srv.base_url)
+        env, rows, _, _ = load_data(cfg, make_tokenizer())
+        with Orchestrator(env, rows, base_url=srv.base_url, args=cfg.trainer.args,
+                          run=RunDir(tmp_path / cfg.run_name),
+                          server_failure=lambda: kept.failure) as orch:
+            orch.submit(1)
+            with pytest.raises(VfkitError, match="port 9 is taken; the run stops here"):
+                orch.get(1)

@@ -310,6 +310,7 @@ class KeptServer:
     def __init__(self, start: Callable[[int | None], ServerProcess], max_restarts: int = 3,
                  poll_s: float = 1.0) -> None:
         self._start, self.max_restarts, self.restarts = start, max_restarts, 0
+        self.failure: str | None = None  # set when it gave up: the run cannot go on
         self.server = start(None)
         self.base_url = self.server.base_url
         self._port = int(self.base_url.rsplit(":", 1)[1].split("/", 1)[0])
@@ -319,27 +320,32 @@ class KeptServer:
         self._watch.start()
 
     def _keep(self, poll_s: float) -> None:
-        while not self._stopping.wait(poll_s):
-            if self.server.alive():
-                continue
-            code = self.server.returncode
-            if self.restarts >= self.max_restarts:
-                _say(f"the inference server exited again (code {code}), {self.restarts} restarts "
-                     f"already; giving up (its log: {self.server.log_path})")
-                return
-            self.restarts += 1
-            _say(f"the inference server exited (code {code}); starting it again on port "
-                 f"{self._port} ({self.restarts}/{self.max_restarts}; its log: "
-                 f"{self.server.log_path})")
-            try:
-                self.server = self._start(self._port)
-            except ServerError as exc:
-                _say(f"restarting the inference server failed: {exc}")
-                return
+        try:
+            while not self._stopping.wait(poll_s):
+                if not self.server.alive():
+                    self._restart()
+        except Exception as exc:
+            self.failure = self.failure or f"restarting the inference server failed: {exc}"
+            _say(self.failure)
+
+    def _restart(self) -> None:
+        code = self.server.returncode
+        if self.restarts >= self.max_restarts:
+            self.failure = (f"the inference server exited again (code {code}) after "
+                            f"{self.restarts} restarts; see its log: {self.server.log_path}")
+            raise ServerError(self.failure)
+        self.restarts += 1
+        _say(f"the inference server exited (code {code}); starting it again on port "
+             f"{self._port} ({self.restarts}/{self.max_restarts}; its log: "
+             f"{self.server.log_path})")
+        server = self._start(self._port)
+        self.server = server
+        if self._stopping.is_set():  # stopped while it started: nobody else will stop it
+            server.stop()
 
     def stop(self) -> None:
         self._stopping.set()
-        self._watch.join(timeout=5)
+        self._watch.join(timeout=5)  # a restart in progress stops its server itself
         self.server.stop()
 
 

@@ -70,6 +70,7 @@ class Orchestrator:
         eval_rows: list[dict] | None = None,
         eval_sampling_args: SamplingArgs | None = None,
         policies: dict[int, Path] | None = None,
+        server_failure: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.env, self.rows, self.args, self.run = env, rows, args, run
         self.eval_env, self.eval_rows = eval_env or env, eval_rows or []
@@ -77,6 +78,7 @@ class Orchestrator:
         self.sampling_args = _or_layered(sampling_args, args, env)
         self.eval_sampling_args = _or_layered(eval_sampling_args, args, self.eval_env)
         self.base_url, self.api_key = base_url, api_key
+        self.server_failure = server_failure  # why the server is gone for good (None: it is not)
         self.resume_policies = dict(policies or {})  # from a checkpoint: version -> folder
         self.order = DataOrder(len(rows), args.prompts_per_batch, args.seed)
         self.loaded: dict[int, str] = {}  # policy version -> served model name (0 = base)
@@ -167,6 +169,9 @@ class Orchestrator:
             except concurrent.futures.TimeoutError:
                 if should_stop():
                     return None
+                if failure := self.server_failure():
+                    raise VfkitError(f"{failure}; the run stops here (--resume continues from "
+                                     "the last checkpoint)") from None
                 if not self._thread.is_alive():
                     raise VfkitError("the rollout thread died; see the log above") from None
                 continue

@@ -80,9 +80,10 @@ def _train(
         else:
             rows = dataset_rows(env.get_dataset(), learner.processor, a.max_prompt_len)[0]
             with (
-                inference_server(cfg, resolve_model_dir(cfg.model), run) as base_url,
+                inference_server(cfg, resolve_model_dir(cfg.model), run) as server,
                 Orchestrator(
-                    env, rows, base_url=base_url, args=a, run=run, sampling_args=sampling,
+                    env, rows, base_url=server.base_url, server_failure=server.failure,
+                    args=a, run=run, sampling_args=sampling,
                     api_key=cfg.inference.api_key, policies=policies, **eval_setup(
                         cfg, eval_env, learner.processor),
                 ) as orch,
@@ -113,8 +114,9 @@ def _collect_rollouts(cfg: RunConfig, resume: bool, stop: StopFlag) -> Path:
     log = metrics_logger(cfg, run)
     log.truncate(done)
     with (
-        inference_server(cfg, model_dir, run) as base_url,
-        Orchestrator(env, rows, base_url=base_url, args=a, run=run, sampling_args=sampling,
+        inference_server(cfg, model_dir, run) as server,
+        Orchestrator(env, rows, base_url=server.base_url, server_failure=server.failure,
+                     args=a, run=run, sampling_args=sampling,
                      api_key=cfg.inference.api_key) as orch,
     ):
         for step in range(done + 1, done + 1 + a.async_level):

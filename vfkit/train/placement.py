@@ -7,11 +7,12 @@ with those choices (vfkit/serve/launcher.py starts and health-checks it).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import os
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -192,12 +193,21 @@ def trainer_environ(cfg: RunConfig) -> dict[str, str] | None:
     return env
 
 
+@dataclasses.dataclass
+class ServerInUse:
+    """The server rollouts use: its URL, and why it is gone for good (None: it serves, or it
+    is not ours to watch)."""
+
+    base_url: str
+    failure: Callable[[], str | None] = lambda: None
+
+
 @contextlib.contextmanager
-def inference_server(cfg: RunConfig, model_dir: Path, run: RunDir) -> Iterator[str]:
-    """Yield the server's base URL; a server we started is kept running (restarted if it dies)
-    and stopped on exit."""
+def inference_server(cfg: RunConfig, model_dir: Path, run: RunDir) -> Iterator[ServerInUse]:
+    """The server to use: `inference.base_url`, or one started here, kept running (restarted if
+    it dies) and stopped on exit."""
     if cfg.inference.base_url:
-        yield cfg.inference.base_url.rstrip("/")
+        yield ServerInUse(cfg.inference.base_url.rstrip("/"))
         return
     from vfkit.serve.launcher import KeptServer, start_server
 
@@ -209,6 +219,6 @@ def inference_server(cfg: RunConfig, model_dir: Path, run: RunDir) -> Iterator[s
 
     server = KeptServer(start)  # started again on its port if it dies mid-run
     try:
-        yield server.base_url
+        yield ServerInUse(server.base_url, lambda: server.failure)
     finally:
         server.stop()
