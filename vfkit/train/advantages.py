@@ -8,6 +8,7 @@ orchestrator asks the same `group_verdict` when dynamic sampling replaces flat g
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -37,7 +38,12 @@ def group_verdict(
     )
     if all(s.get("error") for s in group):
         return "failed"
-    return "flat" if all(abs(a) < 1e-8 for a in advantages_G) else "signal"
+    return "signal" if carries_signal(advantages_G) else "flat"
+
+
+def carries_signal(advantages: Iterable[float]) -> bool:
+    """Whether any advantage is non-zero (beyond float noise): something to learn from."""
+    return any(abs(a) >= 1e-8 for a in advantages)
 
 
 def assign_advantages(

@@ -87,3 +87,9 @@ def check_server_args(given: dict[str, Any]) -> dict[str, Any]:
     ):
         raise ValueError(f"health_timeout = {timeout!r} must be a number of seconds > 0")
     return given
+
+
+def module_matches(name: str, target: str) -> bool:
+    """PEFT's rule for a `lora_target_modules` entry: the module's name is the target or ends
+    with "." + target (`q_proj` matches `model.layers.0.self_attn.q_proj`)."""
+    return name == target or name.endswith("." + target)

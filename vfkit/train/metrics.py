@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from vfkit.rubrics.rubric import ERRORS_METRIC
+from vfkit.train.advantages import carries_signal
 from vfkit.train.rundir import RunDir
 
 CONSOLE_KEYS = (
@@ -173,7 +174,7 @@ class StallWatch:
     def see(self, step: int, groups: list[list[dict]]) -> None:
         """Count this step's batch (advantages already set) and warn at the stall's Nth step."""
         done = [s for g in groups for s in g if not s.get("error")]
-        signal = any(abs(float(s.get("advantage") or 0.0)) > 1e-8 for s in done)
+        signal = carries_signal(float(s.get("advantage") or 0.0) for s in done)
         self.alike = 0 if signal else self.alike + 1
         if self.alike != self.steps:
             return

@@ -20,6 +20,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
 from vfkit.train.config import TrainerArgs
+from vfkit.train.config_fields import module_matches
 from vfkit.train.vision import is_vlm, load_processor
 
 
@@ -82,7 +83,7 @@ def lora_targets(model: torch.nn.Module, args: TrainerArgs) -> str | list[str]:
             name.rsplit(".", 1)[-1] for name, m in model.named_modules()
             if isinstance(m, torch.nn.Linear) and name.startswith(prefix + ".") and m is not output
         })
-    elif head is not None and any(head == t or head.endswith("." + t) for t in targets):
+    elif head is not None and any(module_matches(head, t) for t in targets):
         extra = [re.escape(head)]
     leaves = "|".join(re.escape(t) for t in targets)
     return "|".join([rf"{re.escape(prefix)}\.(?:.*\.)?(?:{leaves})", *extra])

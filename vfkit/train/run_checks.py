@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vfkit.client.limits import SequenceLimits
 from vfkit.errors import ConfigError, VfkitError
 from vfkit.images import ImageError
 from vfkit.train.config import RunConfig
+from vfkit.train.config_fields import module_matches
 from vfkit.train.data import prompt_length
 from vfkit.train.placement import choose_backend, describe_devices, device_ids, flag_args
 from vfkit.train.vision import is_vlm, load_processor, text_tokenizer
@@ -111,11 +113,6 @@ def module_names(config: Any) -> tuple[list[str], set[str]]:
     return names, linear
 
 
-def _matches(target: str, names: list[str]) -> bool:
-    """PEFT's rule: a module matches when its name is the target or ends with '.' + target."""
-    return any(n == target or n.endswith("." + target) for n in names)
-
-
 def check_lora_targets(cfg: RunConfig, info: ModelInfo) -> Check:
     a = cfg.trainer.args
     names, linear = module_names(info.config)
@@ -135,7 +132,7 @@ def check_lora_targets(cfg: RunConfig, info: ModelInfo) -> Check:
     keys = ("lora_modules_to_save",) if vlm else ("lora_target_modules", "lora_modules_to_save")
     for key in keys:
         for target in getattr(a, key):
-            if not _matches(target, names):
+            if not any(module_matches(n, target) for n in names):
                 near = difflib.get_close_matches(target, leaves, n=1)
                 hint = f" (did you mean {near[0]!r}?)" if near else ""
                 return Check("lora", False, (
@@ -203,7 +200,7 @@ def check_sequence_limits(cfg: RunConfig, info: ModelInfo, lengths: list[int]) -
             f"max_tokens = {need} exceeds the context of {context} tokens ({source}): the server "
             f"would refuse every such request; set max_tokens <= {max(1, context - longest)}"
         ))
-    if need > a.max_seq_len:
+    if not SequenceLimits(max_seq_len=a.max_seq_len).sequence_fits(need):
         return Check("environment", False, (
             f"trainer.args.max_tokens={a.max_tokens}: the longest prompt ({longest} tokens) + "
             f"max_tokens = {need} exceeds trainer.args.max_seq_len={a.max_seq_len}: completions "
@@ -242,7 +239,8 @@ def check_environment(cfg: RunConfig, info: ModelInfo | None) -> tuple[Check, in
                 "environment's dataset"
             )), None
     images = image_note(info.tokenizer, dataset["prompt"])
-    kept = [n for n in lengths if n <= a.max_prompt_len]
+    limits = SequenceLimits(max_prompt_len=a.max_prompt_len)
+    kept = [n for n in lengths if limits.prompt_fits(n)]
     if not kept:
         return Check("environment", False, (
             f"every prompt of {cfg.env.id} is longer than trainer.args.max_prompt_len="
