@@ -3,38 +3,25 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 
 from vfkit.launch.plan import Plan
 from vfkit.launch.process import Printer, become_subreaper
 from vfkit.launch.supervisor import RunSpec, ServerFactory, Supervisor
-from vfkit.serve.launcher import ServerProcess
 from vfkit.train.config import RunConfig
-from vfkit.train.placement import visible_devices
+from vfkit.train.placement import server_starter
 from vfkit.train.rundir import RunDir
 
 
 def server_factory(cfg: RunConfig, plan: Plan) -> ServerFactory:
-    """start(port): the server exactly as vf-train would start it (same model folder and flags)."""
+    """start(port): the server exactly as vf-train would start it (placement.server_starter),
+    without waiting for health: the supervisor waits, with a countdown."""
     from vfkit.hub import resolve_model
-    from vfkit.train.placement import launcher_kwargs
 
-    kwargs = launcher_kwargs(cfg, plan.run)
-    kwargs.pop("health_timeout", None)  # the supervisor waits, with a countdown
-    model_dir: list[str] = []
-
-    def start(port: int | None) -> ServerProcess:
-        from vfkit.serve.launcher import start_server
-
-        if not model_dir:  # once: offline, the first call may convert the bundled GGUF
-            model_dir.append(str(resolve_model(cfg.model)))
-        with visible_devices(plan.server_devices):
-            proc = start_server(
-                model_dir[0], **{**kwargs, "port": port or kwargs["port"]}, wait=False
-            )
-        return proc
-
-    return start
+    # once, at the first start: offline, it may convert the bundled GGUF
+    model_dir = functools.cache(lambda: str(resolve_model(cfg.model)))
+    return server_starter(cfg, plan.run, model_dir, wait=False)
 
 
 def resume_argv(argv: list[str]) -> list[str]:

@@ -193,6 +193,26 @@ def trainer_environ(cfg: RunConfig) -> dict[str, str] | None:
     return env
 
 
+def server_starter(
+    cfg: RunConfig, run: RunDir, model_dir: Callable[[], str], *, wait: bool = True
+) -> Callable[[int | None], Any]:
+    """start(port): the run's server process on `port` (None: the config's), with the config's
+    backend, flags and devices; the one recipe vf-train and vf-rl's supervisor both use.
+    `wait`: return once it is healthy (else at once: the caller waits)."""
+    from vfkit.serve.launcher import start_server
+
+    kwargs = launcher_kwargs(cfg, run)
+    if not wait:
+        kwargs.pop("health_timeout", None)
+
+    def start(port: int | None) -> Any:
+        with visible_devices(device_ids(cfg)[0]):
+            return start_server(model_dir(), **{**kwargs, "port": port or kwargs["port"]},
+                                wait=wait)
+
+    return start
+
+
 @dataclasses.dataclass
 class ServerInUse:
     """The server rollouts use: its URL, and why it is gone for good (None: it serves, or it
@@ -209,15 +229,10 @@ def inference_server(cfg: RunConfig, model_dir: Path, run: RunDir) -> Iterator[S
     if cfg.inference.base_url:
         yield ServerInUse(cfg.inference.base_url.rstrip("/"))
         return
-    from vfkit.serve.launcher import KeptServer, start_server
+    from vfkit.serve.launcher import KeptServer
 
-    kwargs = launcher_kwargs(cfg, run)
-
-    def start(port: int | None) -> Any:  # waits until healthy
-        with visible_devices(device_ids(cfg)[0]):
-            return start_server(str(model_dir), **{**kwargs, "port": port or kwargs["port"]})
-
-    server = KeptServer(start)  # started again on its port if it dies mid-run
+    # started again on its port if it dies mid-run
+    server = KeptServer(server_starter(cfg, run, lambda: str(model_dir)))
     try:
         yield ServerInUse(server.base_url, lambda: server.failure)
     finally:
