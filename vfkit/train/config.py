@@ -57,6 +57,8 @@ class Section(BaseModel):
 
 
 class EnvConfig(Section):
+    """[env]: the environment trained on, and the one evaluated on."""
+
     id: str
     """Environment id, as given to `load_environment` (e.g. "reverse-text")."""
     args: dict[str, Any] = Field(default_factory=dict)
@@ -73,6 +75,8 @@ class EnvConfig(Section):
 
 
 class InferenceConfig(Section):
+    """[inference]: the server rollouts use: one started here, or `base_url`."""
+
     backend: Literal["auto", "builtin", "vllm"] = "auto"
     """Server started when base_url is empty; auto = vLLM when CUDA and vllm exist, else builtin."""
     host: str = "127.0.0.1"
@@ -136,6 +140,8 @@ def machine_async_level() -> int:
 
 
 class TrainerArgs(Section):
+    """[trainer.args]: rollouts, loss, optimizer, schedule, LoRA, checkpoints, logging."""
+
     # --- rollouts
     rollouts_per_example: int = Field(8, ge=2)
     """Completions sampled per prompt (one group); advantages are relative within the group."""
@@ -339,6 +345,8 @@ class TrainerArgs(Section):
 
 
 class TrainerConfig(Section):
+    """[trainer]: where the trainer runs, and its arguments."""
+
     gpus: Gpus = "auto"
     """GPUs for the trainer: "auto" (the first GPU when one is visible, else the CPU), a count,
     or device ids; 0 = the CPU. More than one runs accelerate; any ids hide the other GPUs."""
@@ -352,6 +360,8 @@ class TrainerConfig(Section):
 
 
 class RunConfig(Section):
+    """A whole run, one TOML file: the model, [env], [inference] and [trainer]."""
+
     model: str
     """Base model: a local HF folder or a hub id (SmolLM2-135M-Instruct works offline)."""
     env: EnvConfig
