@@ -414,3 +414,22 @@ def test_final_env_response_ends_the_rollout_with_those_messages(returns_it) -> 
     state = out.states[0]
     assert calls == 2 and state["stop_condition"] == "has_final_env_response"
     assert [m["content"] for m in state["completion"]] == ["move", "again", "move", "Game over."]
+
+
+def test_a_sync_client_leaves_no_http_pool_to_a_closed_loop(caplog) -> None:
+    """evaluate_sync with a sync OpenAI client ran on an async copy that was never closed: the
+    next event loop's garbage collection tried to close it on the dead loop and logged "Task
+    exception was never retrieved ... Event loop is closed"."""
+    import gc
+
+    env = vf.SingleTurnEnv(dataset=[{"question": "q", "answer": "a"}])
+    with TestServer("ok") as srv:
+        env.evaluate_sync(OpenAI(base_url=srv.base_url, api_key="x"), "m", num_examples=1)
+
+    async def a_later_loop() -> None:
+        gc.collect()
+        await asyncio.sleep(0.2)
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        asyncio.run(a_later_loop())
+    assert "Event loop is closed" not in caplog.text

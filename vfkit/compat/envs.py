@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import inspect
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +120,18 @@ class Environment(_env.Environment):
     # ----- classic generate / evaluate -----
     async def generate(  # type: ignore[override]  # superset of vfkit's signature
         self, inputs: Dataset | Sequence[dict[str, Any]], client: Any, model: str,
+        sampling_args: dict[str, Any] | None = None, **kwargs: Any,
+    ) -> ClassicOutputs:
+        """Run `inputs` as groups and score them (keyword arguments: `generate_with`).
+
+        `client` may be a sync `openai.OpenAI` (classic callers pass one): the rollouts run on
+        an async client with its URL and key, closed when they are done.
+        """
+        async with _async_client(client) as usable:
+            return await self.generate_with(inputs, usable, model, sampling_args, **kwargs)
+
+    async def generate_with(
+        self, inputs: Dataset | Sequence[dict[str, Any]], client: Any, model: str,
         sampling_args: dict[str, Any] | None = None, *, rollouts_per_example: int | None = None,
         score_rollouts: bool | None = None, max_concurrent: int = -1,
         max_concurrent_generation: int | None = None, max_concurrent_scoring: int | None = None,
@@ -136,7 +149,7 @@ class Environment(_env.Environment):
         """
         from vfkit.client.client_config import resolve_client
 
-        client = resolve_client(_async_client(client))
+        client = resolve_client(client)
         groups = _groups([dict(r) for r in inputs], rollouts_per_example)
         gen_n = _limit(max_concurrent_generation, max_concurrent, self.max_concurrent)
         score_n = _limit(max_concurrent_scoring, max_concurrent, self.max_concurrent_scoring)
@@ -306,13 +319,20 @@ def _takes_messages(method: Callable[..., Any]) -> bool:
     return len(params) >= 3 or "messages" in inspect.signature(method).parameters
 
 
-def _async_client(client: Any) -> Any:
-    """A sync `openai.OpenAI` becomes an AsyncOpenAI with the same URL and key (classic did)."""
+@contextlib.asynccontextmanager
+async def _async_client(client: Any) -> AsyncIterator[Any]:
+    """A sync `openai.OpenAI` as an AsyncOpenAI with the same URL and key (classic did), closed
+    on exit in the loop that used it (left open, its pool's cleanup later hit a closed loop)."""
     from openai import AsyncOpenAI, OpenAI
 
-    if isinstance(client, OpenAI):
-        return AsyncOpenAI(api_key=client.api_key, base_url=client.base_url)
-    return client
+    if not isinstance(client, OpenAI):
+        yield client
+        return
+    made = AsyncOpenAI(api_key=client.api_key, base_url=client.base_url)
+    try:
+        yield made
+    finally:
+        await made.close()
 
 
 def _groups(rows: list[dict[str, Any]], per_example: int | None) -> list[list[dict[str, Any]]]:
