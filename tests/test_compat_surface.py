@@ -422,6 +422,8 @@ def test_a_sync_client_leaves_no_http_pool_to_a_closed_loop(caplog) -> None:
     exception was never retrieved ... Event loop is closed"."""
     import gc
 
+    gc.collect()  # earlier tests' clients: collected now, outside any loop
+
     env = vf.SingleTurnEnv(dataset=[{"question": "q", "answer": "a"}])
     with TestServer("ok") as srv:
         env.evaluate_sync(OpenAI(base_url=srv.base_url, api_key="x"), "m", num_examples=1)
@@ -433,3 +435,30 @@ def test_a_sync_client_leaves_no_http_pool_to_a_closed_loop(caplog) -> None:
     with caplog.at_level(logging.ERROR, logger="asyncio"):
         asyncio.run(a_later_loop())
     assert "Event loop is closed" not in caplog.text
+
+
+class SelfPlay(vf.MultiTurnEnv):
+    """Classic state keys: `input`, `client` and `model` (the opponent is the same model),
+    and `oai_tools` set per rollout (None: this rollout has no tools)."""
+
+    async def setup_state(self, state, **kwargs):
+        state["seen"] = state["input"]["question"]
+        state["oai_tools"] = None
+        return state
+
+    async def env_response(self, messages, state, **kwargs):
+        reply = await state["client"].chat.completions.create(
+            model=state["model"], messages=[{"role": "user", "content": "your move"}])
+        return [{"role": "user", "content": "opponent: " + reply.choices[0].message.content}]
+
+
+def test_classic_state_keys_input_client_model_and_per_rollout_tools() -> None:
+    env = SelfPlay(dataset=[{"question": "play", "answer": "x"}], max_turns=2,
+                   oai_tools=[tool_schema("shout")])
+    with TestServer("move") as srv:
+        state = env.evaluate_sync(srv.client(), "m", num_examples=1).states[0]
+        bodies = list(srv.requests)
+    assert not state.get("error") and state["seen"] == "play" and state["model"] == "m"
+    assert [m["content"] for m in state["completion"]][:2] == ["move", "opponent: move"]
+    assert not any(b.get("tools") for b in bodies)  # state["oai_tools"] = None was honoured
+    assert "client" not in state  # a live object is not kept in the results

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import contextvars
 import inspect
 import json
 import logging
@@ -49,6 +50,8 @@ from vfkit.evaluation.results import state_to_row
 from vfkit.types import SamplingArgs, State, StopCondition
 
 logger = logging.getLogger(__name__)
+# (client, model, sampling_args) of the rollout running in this task: classic states carry them
+_CALL: contextvars.ContextVar[tuple[Any, str, Any]] = contextvars.ContextVar("vfkit_classic_call")
 
 # classic constructor arguments that tune machinery vfkit does not have (a warning names them)
 NO_EFFECT_ARGS = {
@@ -103,7 +106,10 @@ class Environment(_env.Environment):
             atexit.register(run_teardown, self)
 
     def tools_for(self, state: State) -> list[dict[str, Any]] | None:
-        """Per-row tools (`info["oai_tools"]`) first, then the environment's own."""
+        """`state["oai_tools"]` when a hook set it (None: no tools this rollout), then per-row
+        tools (`info["oai_tools"]`), then the environment's own."""
+        if "oai_tools" in state:
+            return _parse_tools(state["oai_tools"])
         own = _parse_tools((state.get("info") or {}).get("oai_tools"))
         if own is not None:
             return own
@@ -266,13 +272,28 @@ class MultiTurnEnv(Environment, _mt.MultiTurnEnv):
     async def rollout(self, input: dict[str, Any], client: Any, model: str,
                       sampling_args: dict[str, Any]) -> State:
         """vfkit's rollout loop, then the classic `@vf.cleanup` hooks."""
-        state = await super().rollout(input, client, model, sampling_args)
+        token = _CALL.set((client, model, sampling_args))
+        try:
+            state = await super().rollout(input, client, model, sampling_args)
+        finally:
+            _CALL.reset(token)
+        state.pop("client", None)  # a live object: not part of the results
         _end_with_final_response(state)
         for hook in marked_methods(self, "cleanup"):
             try:
                 await maybe_await(hook(state))
             except Exception as e:  # recorded like any rollout failure
                 state["error"] = state.get("error") or f"cleanup {hook.__name__}: {error_text(e)}"
+        return state
+
+    def init_state(self, input: dict[str, Any]) -> State:
+        """vfkit's state plus the classic keys `input`, `client`, `model` and `sampling_args`
+        (self-play environments call the model from env_response through them)."""
+        state = super().init_state(input)
+        state["input"] = dict(input)
+        call = _CALL.get(None)
+        if call is not None:
+            state["client"], state["model"], state["sampling_args"] = call
         return state
 
     async def _check_classic_override(self, state: State) -> bool:
