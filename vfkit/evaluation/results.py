@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from vfkit.errors import ConfigError
-from vfkit.types import State
+from vfkit.types import State, StopCondition
 
 log = logging.getLogger(__name__)
 
@@ -214,31 +214,52 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), statistics.pstdev(values) if len(values) > 1 else 0.0
 
 
+def rollout_failed(row: dict[str, Any]) -> bool:
+    """True when the rollout itself failed: it has no reward, so no mean counts it (a reward
+    function's error still scores its row)."""
+    return row.get("stop_condition") == StopCondition.ERROR.value
+
+
 @dataclass
 class Summary:
-    """Aggregates over the rows of a run: reward and each metric, overall and per rollout index."""
+    """Aggregates over the rows of a run: reward and each metric, overall and per rollout index.
+
+    Means are over the scored rows only: a rollout that failed (`rollout_failed`) is saved with
+    its error and counted in `failed`, never averaged in as a reward of 0.
+    """
 
     num_rollouts: int = 0
-    errors: int = 0
+    failed: int = 0  # rows whose rollout failed: left out of every mean
+    errors: int = 0  # rows with an error (failed rollouts and reward functions that raised)
     truncated: int = 0
+    prompt_too_long: int = 0
     columns: dict[str, tuple[float, float]] = field(default_factory=dict)  # name -> (mean, std)
     by_rollout_idx: dict[str, dict[int, float]] = field(default_factory=dict)  # name -> idx -> mean
+
+    @property
+    def scored(self) -> int:
+        """Rows the means are over."""
+        return self.num_rollouts - self.failed
 
     @classmethod
     def of(cls, rows: list[dict[str, Any]], metric_names: list[str]) -> Summary:
         """Summarize `rows`; `metric_names` are the reward functions' names."""
         summary = cls(
             num_rollouts=len(rows),
+            failed=sum(1 for r in rows if rollout_failed(r)),
             errors=sum(1 for r in rows if r.get("error")),
             truncated=sum(1 for r in rows if r.get("is_truncated")),
+            prompt_too_long=sum(
+                1 for r in rows if r.get("stop_condition") == StopCondition.PROMPT_TOO_LONG.value
+            ),
         )
+        scored = [r for r in rows if not rollout_failed(r)]
         for name in ["reward", *(metric_column(m) for m in metric_names)]:
-            values = [float(r[name]) for r in rows if isinstance(r.get(name), int | float)]
-            summary.columns[name] = _mean_std(values)
+            valued = [r for r in scored if isinstance(r.get(name), int | float)]
+            summary.columns[name] = _mean_std([float(r[name]) for r in valued])
             per_idx: dict[int, list[float]] = defaultdict(list)
-            for r in rows:
-                if isinstance(r.get(name), int | float):
-                    per_idx[r["rollout_idx"]].append(float(r[name]))
+            for r in valued:
+                per_idx[r["rollout_idx"]].append(float(r[name]))
             summary.by_rollout_idx[name] = {
                 i: statistics.fmean(v) for i, v in sorted(per_idx.items())
             }

@@ -263,6 +263,7 @@ def run_eval(cfg: EvalConfig, console: Console | None = None) -> Path | None:
         rollouts_per_example=r,
         seed=str(run_dir or cfg.env_id),
         run_dir=run_dir,
+        no_answer=recorder.failures.count,
     )
     recorder.raise_unless_usable()  # errors are not results: missing or unscored runs fail
     return run_dir
