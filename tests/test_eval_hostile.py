@@ -194,3 +194,23 @@ def test_resume_refuses_a_tampered_metadata_file(cli, tmp_path, meta_edit, expec
     assert code == 1, err
     assert all(word in err for word in expected), err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("url_tail", "model", "expected"),
+    [
+        ("", "test-model", ["-b/--api-base-url", "end in /v1", "/v1"]),  # -b without /v1
+        ("/v1", "gpt-x", ["-m/--model", "'gpt-x'", "'test-model'"]),  # a model not served
+    ],
+)
+def test_a_wrong_server_url_or_model_is_refused_before_any_rollout(
+    cli, tmp_path, url_tail, model, expected
+):
+    """Both used to run every rollout (into a 404 on a real server), saving reward-0 rows."""
+    with TestServer(echo_responder) as srv:
+        url = srv.base_url.removesuffix("/v1") + url_tail
+        code, err = cli("eval-echo", "-b", url, "-m", model, "-n", "2", "-r", "1", "-s")
+        assert code == 1, err
+        assert all(word in err for word in expected), err
+        assert "Traceback" not in err and not srv.requests  # nothing was run
+    assert not (tmp_path / "outputs").exists()

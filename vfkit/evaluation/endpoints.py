@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from vfkit.errors import ConfigError
@@ -28,6 +28,11 @@ class Endpoint:
     model: str
     url: str
     key: str | None = None
+    path: Path | None = field(default=None, compare=False)  # the registry file it came from
+
+    def origin(self) -> str:
+        """Where its URL was written, for messages: "endpoint 'x' in FILE"."""
+        return f"endpoint {self.id!r} in {self.path}" if self.path else f"endpoint {self.id!r}"
 
 
 def load_endpoints(path: Path) -> dict[str, Endpoint]:
@@ -65,7 +70,7 @@ def load_endpoints(path: Path) -> dict[str, Endpoint]:
         if entry["id"] in registry:
             raise ConfigError(f"{where}: id {entry['id']!r} is defined twice")
         registry[entry["id"]] = Endpoint(
-            entry["id"], entry["model"], entry["url"], entry.get("key")
+            entry["id"], entry["model"], entry["url"], entry.get("key"), Path(path)
         )
     return registry
 
