@@ -67,6 +67,11 @@ FLAG_CASES = [
     (["-S", '{"max_tokens": "many"}'], ["-S/--sampling-args", "max_tokens"]),
     (["-S", '{"top_p": 1.5}'], ["-S/--sampling-args", "top_p"]),
     (["-S", "{temperature: 1}"], ["-S/--sampling-args", "not valid JSON"]),
+    # keys the client cannot take used to fail every rollout (TypeError, AttributeError)
+    (["-S", '{"foo": 1}'], ["-S/--sampling-args", "['foo']", "temperature", "extra_body"]),
+    (["-S", '{"stream": true}'], ["-S/--sampling-args", "'stream'"]),
+    (["-S", '{"n": 3}'], ["-S/--sampling-args", "'n'", "-r/--rollouts-per-example"]),
+    (["-S", '{"extra_body": [1]}'], ["-S/--sampling-args", "extra_body", "JSON object"]),
     (["-S", "[1]"], ["-S/--sampling-args", "JSON object"]),
     (["-a", "{bad"], ["-a/--env-args", "not valid JSON"]),
     (["-a", '"text"'], ["-a/--env-args", "JSON object"]),

@@ -20,6 +20,7 @@ from typing import Any
 from rich.console import Console
 
 import vfkit
+from vfkit.client.sampling import drop_sampling_keys
 from vfkit.errors import ConfigError, VfkitError
 from vfkit.evaluation.config import (
     DEFAULT_MODEL,
@@ -107,8 +108,12 @@ async def _generate(
             )
 
 
-def build_metadata(cfg: EvalConfig, target: Target, run_id: str, n: int, r: int) -> dict:
-    """The fixed part of metadata.json: what ran, against what, with which settings."""
+def build_metadata(cfg: EvalConfig, env: Any, target: Target, run_id: str, n: int, r: int) -> dict:
+    """The fixed part of metadata.json: what ran, against what, with which settings.
+
+    `sampling_args` are the flags' (what --resume pins); `sampling_args_sent`, what requests
+    carry: the environment's own under the flags (before per-rollout seeds, the token-id and
+    logprob switches, and a max_tokens cut to fit the context)."""
     now = datetime.now()
     return {
         "env_id": cfg.env_id,
@@ -120,6 +125,7 @@ def build_metadata(cfg: EvalConfig, target: Target, run_id: str, n: int, r: int)
         "num_examples": n,
         "rollouts_per_example": r,
         "sampling_args": cfg.sampling_args,
+        "sampling_args_sent": env.merge_sampling_args(cfg.sampling_args),
         "max_concurrent": cfg.max_concurrent,
         "state_columns": cfg.state_columns,
         "run_id": run_id,
@@ -149,6 +155,7 @@ def _load(cfg: EvalConfig) -> tuple[Any, list[dict[str, Any]], int]:
         ) from None
     # the environment wraps the client with its own timeout/retries: make those the flags'
     env.timeout, env.max_retries = cfg.timeout, cfg.max_retries
+    unset_sampling_keys(env, cfg.sampling_args)
     defaults = {
         "num_examples": DEFAULT_NUM_EXAMPLES,
         "rollouts_per_example": DEFAULT_ROLLOUTS_PER_EXAMPLE,
@@ -160,6 +167,15 @@ def _load(cfg: EvalConfig) -> tuple[Any, list[dict[str, Any]], int]:
     for i, row in enumerate(inputs):
         row.setdefault("example_id", i)
     return env, inputs, r
+
+
+def unset_sampling_keys(env: Any, args: dict[str, Any]) -> None:
+    """A null in -S unsets that key: the environment's own value is dropped, so the request
+    goes without it (`-S '{"max_tokens": null}'`: no limit but the server's)."""
+    extra = args.get("extra_body") if isinstance(args.get("extra_body"), dict) else {}
+    unset = [k for k, v in (*args.items(), *extra.items()) if v is None]
+    if unset:
+        env.sampling_args = drop_sampling_keys(env.sampling_args, unset)
 
 
 def _reward_names(env: Any) -> list[str]:
@@ -224,7 +240,7 @@ def _run_missing(
             console.print(f"Run folder: {run_dir}", markup=False, soft_wrap=True)
             recorder.open(run_dir)
         run_id = run_dir.name if run_dir is not None else uuid.uuid4().hex[:6]
-        recorder.meta = build_metadata(cfg, target, run_id, len(inputs), r)
+        recorder.meta = build_metadata(cfg, env, target, run_id, len(inputs), r)
         if cfg.resume and run_dir is not None:  # keep when the run first started
             first = read_metadata(run_dir)
             recorder.meta.update(date=first.get("date"), time=first.get("time"),
