@@ -89,6 +89,9 @@ FLAG_CASES = [
     (["--header", "X-A: v\r\nInjected: 1"], ["--header X-A", "line breaks"]),
     (["-e", "."], ["-e/--endpoints", "cannot read"]),
     (["-o", "afile"], ["-o/--output-dir", "is a file"]),
+    # these gave a raw OSError, and only after the target (maybe a local model) was opened
+    (["-o", "afile/sub"], ["-o/--output-dir", "afile is a file"]),
+    (["-o", "/proc/vfk"], ["-o/--output-dir", "/proc/vfk", "cannot create"]),
 ]
 
 

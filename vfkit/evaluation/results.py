@@ -16,6 +16,7 @@ import logging
 import math
 import os
 import statistics
+import tempfile
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,6 +78,29 @@ def state_to_row(state: State, rollout_idx: int, state_columns: list[str] = ()) 
     for column in state_columns:
         row.setdefault(column, state.get(column))
     return _jsonable(row)
+
+
+def check_writable_folder(folder: Path, flag: str) -> None:
+    """ConfigError naming `flag` unless `folder` is, or can be made, a folder vf-eval can write.
+
+    Tried by making and removing a temporary folder in its nearest existing ancestor, so that
+    nothing is left behind and a bad -o is refused before a server is started or contacted.
+    """
+    folder = Path(folder).expanduser().absolute()
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(
+            f"{flag}: {existing} is a file, so {folder} cannot be a folder; pass a folder path"
+        )
+    try:
+        tempfile.TemporaryDirectory(dir=existing).cleanup()
+    except OSError as exc:
+        raise ConfigError(
+            f"{flag}: cannot create or write {folder} ({exc.strerror or exc}); pass a folder "
+            "you can write to"
+        ) from None
 
 
 def _parse_row(line: bytes) -> tuple[dict[str, Any] | None, str]:

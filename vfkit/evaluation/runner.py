@@ -34,6 +34,7 @@ from vfkit.evaluation.failures import FailureTally, ServerStoppedAnswering
 from vfkit.evaluation.recorder import RunRecorder
 from vfkit.evaluation.results import (
     RESULTS_FILE,
+    check_writable_folder,
     completed_rollouts,
     load_results,
     read_metadata,
@@ -261,6 +262,9 @@ def run_eval(cfg: EvalConfig, console: Console | None = None) -> Path | None:
             run_dir = apply_resumed_settings(cfg)
             locks.enter_context(RunLock(run_dir))  # a second --resume of this run stops here
         env, inputs, r = _load(cfg)
+        if cfg.save_results:  # a bad -o is refused before a server is started or contacted
+            check_writable_folder(run_dir or cfg.output_dir,
+                                  "--resume" if run_dir else "-o/--output-dir")
         if cfg.api_base_url is None:  # with -b and no -m, the server says which model it serves
             cfg.model = cfg.model or DEFAULT_MODEL
         if cfg.save_results and run_dir is None and cfg.model:
