@@ -270,3 +270,21 @@ def test_embedded_server_killed_mid_run_then_resume_finishes(tiny_model_path, tm
     pairs = sorted((r["example_id"], r["rollout_idx"]) for r in read_rows(run_dir))
     assert pairs == [(e, k) for e in range(8) for k in range(2)]
     assert json.loads((run_dir / "metadata.json").read_text())["status"] == "completed"
+
+
+def test_a_server_that_stops_answering_still_gets_the_summary_of_what_was_saved(tmp_path):
+    answered = []
+
+    def dies_after_one_group(body: dict) -> str:
+        if len(answered) >= 2:
+            raise RuntimeError("engine died")  # the scripted server answers 500
+        answered.append(body)
+        return echo_responder(body)
+
+    with TestServer(dies_after_one_group) as srv:
+        proc = vf_eval(tmp_path, "eval-echo", "-b", srv.base_url, "-n", "6", "-r", "2", "-c", "1",
+                       "--max-retries", "0", "-s")  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert "stopped answering: 8 rollouts in a row" in proc.stderr and "--resume" in proc.stderr
+    assert "rollouts: 2   scored: 2" in proc.stdout  # the summary was skipped before
+    assert "no answer (not saved): 8" in proc.stdout

@@ -21,7 +21,8 @@ UNREACHABLE = "http://127.0.0.1:9/v1"  # never contacted: every case fails befor
 
 @pytest.fixture
 def cli(tmp_path, monkeypatch, capsys):
-    """Run vf-eval in-process in an empty folder; returns (exit code, stderr)."""
+    """Run vf-eval in-process in an empty folder; returns (exit code, stderr); the last run's
+    stdout (the summary) is left in `cli.stdout`."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(FIXTURE_ENV))
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
@@ -31,7 +32,9 @@ def cli(tmp_path, monkeypatch, capsys):
             code = main(list(argv))
         except SystemExit as exc:  # argparse's own refusals (not a number at all)
             code = exc.code
-        return code, capsys.readouterr().err
+        captured = capsys.readouterr()
+        run.stdout = captured.out
+        return code, captured.err
 
     return run
 

@@ -165,7 +165,7 @@ def print_summary(
               f"prompt too long: {summary.prompt_too_long}")
     if no_answer:
         counts += f"   no answer (not saved): {no_answer}"
-    console.print(counts)
+    console.print(counts, soft_wrap=True)
     if summary.failed:
         first = next(str(r.get("error")) for r in rows if rollout_failed(r))
         console.print(f"{summary.failed} rollouts failed and are left out of the means; "

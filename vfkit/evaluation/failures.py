@@ -101,7 +101,7 @@ class FailureTally:
             first = self.most_common()
             raise ServerStoppedAnswering(
                 f"the server at {self.base_url} stopped answering: {self.in_a_row} rollouts in "
-                f"a row failed ({first}); their rows were not saved. {no_answer_hint(first)}"
+                f"a row failed ({first}); their rows were not saved; {no_answer_hint(first)}"
             )
 
     def most_common(self) -> str:

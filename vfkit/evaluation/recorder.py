@@ -16,7 +16,9 @@ in metadata.json says how it ended:
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ from vfkit.evaluation.config import EvalConfig
 from vfkit.evaluation.display import EvalProgress
 from vfkit.evaluation.failures import FailureTally, no_answer_hint
 from vfkit.evaluation.results import (
+    ResultsWriteError,
     ResultsWriter,
     Summary,
     rollout_failed,
@@ -78,11 +81,25 @@ class RunRecorder:
                 if name not in self.metric_names:
                     self.metric_names.append(name)
         self.rows.extend(group)
-        if group and self.writer is not None and self.writer.add_group(group):
-            self.save_metadata("running")  # a killed run's metadata still tells how far it got
+        if group and self.writer is not None:
+            with self._unsaved_rows_dropped():
+                written = self.writer.add_group(group)
+            if written:
+                self.save_metadata("running")  # a killed run's metadata tells how far it got
         if self.progress is not None:
             self.progress.update(self.rows, failed=self.failures.count)
         self.failures.check()  # the server is gone: stop now, the rows above are saved
+
+    @contextlib.contextmanager
+    def _unsaved_rows_dropped(self) -> Iterator[None]:
+        """On a failed write, forget the rows it lost: they are the newest, and the counts
+        in metadata.json and the summary must be those of the file (--resume runs them)."""
+        try:
+            yield
+        except ResultsWriteError as exc:
+            if exc.unsaved:
+                del self.rows[-exc.unsaved:]
+            raise
 
     def summary(self) -> Summary:
         return Summary.of(self.rows, self.metric_names)
@@ -105,7 +122,8 @@ class RunRecorder:
         if self.run_dir is None:
             return
         if self.writer is not None:
-            self.writer.flush()
+            with self._unsaved_rows_dropped():
+                self.writer.flush()
         summary = self.summary()
         averages = summary.averages()
         reward = averages.pop("reward", None)

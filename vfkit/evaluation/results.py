@@ -11,6 +11,7 @@ Read a run back in one line:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vfkit.errors import ConfigError
+from vfkit.errors import ConfigError, VfkitError
 from vfkit.types import State, StopCondition
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,21 @@ BASE_COLUMNS = (
     "example_id", "rollout_idx", "prompt", "completion", "answer", "task", "info", "reward",
     "error", "is_truncated", "stop_condition", "timing",
 )  # fmt: skip
+
+
+class ResultsWriteError(VfkitError, OSError):
+    """results.jsonl or metadata.json could not be written (a full disk, a lost permission).
+
+    `unsaved`: finished rollouts whose rows were not written (they run again on --resume).
+    """
+
+    def __init__(self, path: Path, cause: OSError, unsaved: int = 0) -> None:
+        lost = f"; {unsaved} finished rollouts were not saved and will run again" if unsaved else ""
+        super().__init__(
+            f"cannot write {path}: {cause.strerror or cause}{lost}. Free space (or fix the "
+            f"folder's permissions), then continue with --resume {path.parent}"
+        )
+        self.errno, self.path, self.unsaved = cause.errno, path, unsaved
 
 
 def _jsonable(value: Any) -> Any:
@@ -177,8 +193,11 @@ class ResultsWriter:
         self.save_every = save_every
         self._pending: list[bytes] = []
         self._pending_rows = 0
-        run_dir.mkdir(parents=True, exist_ok=True)
-        self.path.touch()
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            self.path.touch()
+        except OSError as exc:
+            raise ResultsWriteError(self.path, exc) from None
 
     def add_group(self, rows: list[dict[str, Any]]) -> bool:
         """Queue one group's rows; write them once `save_every` rollouts wait (True: written)."""
@@ -191,28 +210,48 @@ class ResultsWriter:
         return True
 
     def flush(self) -> None:
-        """Append everything queued in one write, then fsync (a kill leaves whole groups)."""
+        """Append everything queued in one write, then fsync (a kill leaves whole groups).
+
+        A write that fails (ENOSPC...) is cut off again, so no torn line stays in the middle of
+        the file; the queued rows are dropped and ResultsWriteError says how many.
+        """
         if not self._pending:
             return
         data = b"".join(self._pending)
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        unsaved = self._pending_rows
         self._pending.clear()
         self._pending_rows = 0
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise ResultsWriteError(self.path, exc, unsaved) from None
+        try:
+            start = os.fstat(fd).st_size
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, start)
+                raise ResultsWriteError(self.path, exc, unsaved) from None
+        finally:
+            os.close(fd)
 
 
 def write_metadata(run_dir: Path, metadata: dict[str, Any]) -> None:
-    """Write metadata.json atomically (a temp file renamed over the old one)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
+    """Write metadata.json atomically (a temp file renamed over the old one); on failure the
+    old file stays, the temp file is removed, and ResultsWriteError names the file."""
     tmp = run_dir / f".{METADATA_FILE}.tmp"
-    tmp.write_text(json.dumps(_jsonable(metadata), indent=2, ensure_ascii=False) + "\n")
-    os.replace(tmp, run_dir / METADATA_FILE)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(_jsonable(metadata), indent=2, ensure_ascii=False) + "\n")
+        os.replace(tmp, run_dir / METADATA_FILE)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise ResultsWriteError(run_dir / METADATA_FILE, exc) from None
 
 
 def read_metadata(run_dir: Path) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from vfkit.evaluation.failures import FailureTally, ServerStoppedAnswering
 from vfkit.evaluation.recorder import RunRecorder
 from vfkit.evaluation.results import (
     RESULTS_FILE,
+    ResultsWriteError,
     check_writable_folder,
     completed_rollouts,
     load_results,
@@ -205,18 +206,28 @@ def _run(
         markup=False,
         soft_wrap=True,
     )
-    status = "interrupted"
     try:
         with EvalProgress(console, total, len(recorder.rows)) as recorder.progress:
             asyncio.run(_generate(env, inputs, todo, target, cfg, recorder.on_group))
-        status = recorder.final_status()
-    except ServerStoppedAnswering:
-        status = "incomplete"
+    except BaseException as exc:
+        # rows are missing (no answer, or not written): --resume runs them; else interrupted
+        stopped = isinstance(exc, ServerStoppedAnswering | ResultsWriteError)
+        _finish(recorder, "incomplete" if stopped else "interrupted", console, unwinding=True)
         raise
-    finally:
+    _finish(recorder, recorder.final_status(), console, unwinding=False)
+
+
+def _finish(recorder: RunRecorder, status: str, console: Console, *, unwinding: bool) -> None:
+    """Write the final metadata.json. While another error unwinds, a failure to write it is
+    only printed: the first error (and its advice) is the one the user must see."""
+    try:
         recorder.save_metadata(status)
-        if status not in ("completed", "failed") and recorder.run_dir is not None:
-            console.print(f"Stopped early: continue with --resume {recorder.run_dir}", markup=False)
+    except ResultsWriteError as exc:
+        if not unwinding:
+            raise
+        console.print(f"metadata.json was not updated either: {exc}", markup=False)
+    if status not in ("completed", "failed") and recorder.run_dir is not None:
+        console.print(f"Stopped early: continue with --resume {recorder.run_dir}", markup=False)
 
 
 def _run_missing(
@@ -272,10 +283,21 @@ def run_eval(cfg: EvalConfig, console: Console | None = None) -> Path | None:
         prior = load_results(run_dir / RESULTS_FILE, repair=True) if cfg.resume and run_dir else []
         todo = plan_groups(inputs, r, completed_rollouts(prior))
         recorder = RunRecorder(cfg, todo, prior, _reward_names(env), expected=len(inputs) * r)
-        if todo:
-            run_dir = _run_missing(cfg, env, inputs, r, run_dir, recorder, locks, console)
-        else:
-            console.print("Nothing left to run: every rollout is already in the results.")
+        try:
+            if todo:
+                run_dir = _run_missing(cfg, env, inputs, r, run_dir, recorder, locks, console)
+            else:
+                console.print("Nothing left to run: every rollout is already in the results.")
+        except (ServerStoppedAnswering, ResultsWriteError):
+            _summarize(recorder, r, recorder.run_dir or run_dir, cfg)  # what was saved
+            raise
+    _summarize(recorder, r, run_dir, cfg)
+    recorder.raise_unless_usable()  # errors are not results: missing or unscored runs fail
+    return run_dir
+
+
+def _summarize(recorder: RunRecorder, r: int, run_dir: Path | None, cfg: EvalConfig) -> None:
+    """The summary of every saved row (this session's and a resumed run's) on stdout."""
     print_summary(
         Console(),
         recorder.summary(),
@@ -285,5 +307,3 @@ def run_eval(cfg: EvalConfig, console: Console | None = None) -> Path | None:
         run_dir=run_dir,
         no_answer=recorder.failures.count,
     )
-    recorder.raise_unless_usable()  # errors are not results: missing or unscored runs fail
-    return run_dir
