@@ -225,3 +225,39 @@ def test_a_wrong_server_url_or_model_is_refused_before_any_rollout(
         assert all(word in err for word in expected), err
         assert "Traceback" not in err and not srv.requests  # nothing was run
     assert not (tmp_path / "outputs").exists()
+
+
+def test_resume_of_a_registry_run_needs_no_e_flag(cli, tmp_path, monkeypatch):
+    """--resume forgot -e: the resumed '-m mine' was looked up as a local model and refused."""
+    registry = tmp_path / "regs" / "mine.toml"
+    registry.parent.mkdir()
+    with TestServer(echo_responder) as srv:
+        registry.write_text(f'[[endpoint]]\nid = "mine"\nmodel = "test-model"\n'
+                            f'url = "{srv.base_url}"\n')
+        srv.fail_next(500, n=2)
+        code, err = cli("eval-echo", "-m", "mine", "-e", str(registry), "-n", "2", "-r", "1",
+                        "--max-retries", "0", "-s")
+        assert code == 1 and "--resume" in err, err
+        (run_dir,) = run_dirs(tmp_path / "outputs" / "evals")
+        (tmp_path / "elsewhere").mkdir()
+        monkeypatch.chdir(tmp_path / "elsewhere")  # the registry path is kept absolute
+        code, err = cli("--resume", str(run_dir))
+        assert code == 0, err
+        assert len(srv.requests) == 4  # 2 refused, then the same 2 again
+    assert len(read_rows(run_dir)) == 2
+
+
+def test_resume_accepts_n_minus_one_when_the_run_had_every_example(cli, tmp_path):
+    with TestServer(echo_responder) as srv:
+        code, err = cli("eval-echo", "-b", srv.base_url, "-n", "-1", "-r", "1", "-s")
+        assert code == 0, err
+        (run_dir,) = run_dirs(tmp_path / "outputs" / "evals")
+        assert json.loads((run_dir / "metadata.json").read_text())["num_examples"] == 6
+        code, err = cli("-n", "-1", "--resume", str(run_dir))  # was: "-n is -1 here but 6"
+        assert code == 0 and "Nothing left to run" in err, err
+        code, err = cli("eval-echo", "-b", srv.base_url, "-n", "3", "-r", "1", "-s")
+        assert code == 0, err
+        (short,) = set(run_dirs(tmp_path / "outputs" / "evals")) - {run_dir}
+        code, err = cli("-n", "-1", "--resume", str(short))  # -1 is 6 here: not that run's 3
+        assert code == 1 and "-n -1" in err and "ran 3" in err, err
+        assert len(read_rows(short)) == 3  # nothing ran

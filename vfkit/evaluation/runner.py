@@ -40,7 +40,7 @@ from vfkit.evaluation.results import (
     load_results,
     read_metadata,
 )
-from vfkit.evaluation.resume import apply_resumed_settings
+from vfkit.evaluation.resume import apply_resumed_settings, check_resumed_examples
 from vfkit.evaluation.target import Target, open_target
 from vfkit.evaluation.urls import redact_url
 from vfkit.runlock import RunLock
@@ -124,6 +124,8 @@ def build_metadata(cfg: EvalConfig, env: Any, target: Target, run_id: str, n: in
         "served_model": target.model,
         "base_url": redact_url(target.base_url),  # a password in -b is never written down
         "endpoint_source": target.source,
+        # so that --resume finds a registry entry without -e (absolute: any working folder)
+        "endpoints_path": str(target.registry_path.resolve()) if target.registry_path else None,
         "num_examples": n,
         "rollouts_per_example": r,
         "sampling_args": cfg.sampling_args,
@@ -273,6 +275,8 @@ def run_eval(cfg: EvalConfig, console: Console | None = None) -> Path | None:
             run_dir = apply_resumed_settings(cfg)
             locks.enter_context(RunLock(run_dir))  # a second --resume of this run stops here
         env, inputs, r = _load(cfg)
+        if run_dir is not None:
+            check_resumed_examples(run_dir, len(inputs), cfg.num_examples)
         if cfg.save_results:  # a bad -o is refused before a server is started or contacted
             check_writable_folder(run_dir or cfg.output_dir,
                                   "--resume" if run_dir else "-o/--output-dir")

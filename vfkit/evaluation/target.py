@@ -46,6 +46,7 @@ class Target:
     headers: dict[str, str] = field(default_factory=dict)
     served_models: list[str] = field(default_factory=list)
     origin: str = "-b/--api-base-url"  # where the URL was given, named in errors
+    registry_path: Path | None = None  # the endpoint registry it came from (source "registry")
     model_origin: str = "-m/--model"  # where the model name was given, named in errors
 
 
@@ -192,7 +193,7 @@ def open_target(cfg: EvalConfig, console: Console, log_path: Path | None) -> Ite
         var = cfg.api_key_var or endpoint.key
         key = api_key_from_env(var, endpoint.url, where=f"endpoint {endpoint.id!r}")
         target = Target(endpoint.url, endpoint.model, key, "registry", dict(cfg.headers),
-                        origin=f"the url of {endpoint.origin()}",
+                        origin=f"the url of {endpoint.origin()}", registry_path=endpoint.path,
                         model_origin=f"-m {endpoint.id}: the model of {endpoint.origin()}")
     else:
         local, why_not = _resolve_local(model, console)
