@@ -160,3 +160,12 @@ def test_env_pyproject_is_the_loaded_modules_whatever_the_working_folder(tmp_pat
     monkeypatch.chdir(tmp_path)  # no environments/ here
     assert find_env_pyproject("my-env-prefixed") == pkg / "pyproject.toml"
     assert eval_defaults("my-env-prefixed") == {"num_examples": 7}
+
+
+def test_registry_entries_that_are_not_tables_are_named_with_their_line(tmp_path):
+    path = tmp_path / "endpoints.toml"
+    path.write_text("# my endpoints\n\nendpoint = [1, 2]\n")  # a raw TypeError before
+    with pytest.raises(ConfigError) as info:
+        load_endpoints(path)
+    assert str(info.value).startswith(f"{path} line 3: endpoint #1 must be a table, got 1")
+    assert "[[endpoint]]" in str(info.value)
