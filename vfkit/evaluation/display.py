@@ -22,6 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from vfkit.evaluation.results import Summary, rollout_failed
+from vfkit.evaluation.terminal import printable
 from vfkit.images import IMAGE_PART_TYPES
 
 SAMPLE_CHARS = 1200  # longer prompts/completions are cut in the sample panel
@@ -124,7 +125,8 @@ def _as_text(messages: Any) -> str:
             suffix = f" <tool calls: {names}>" if names else ""
             parts.append(f"[{m.get('role')}] {content}{suffix}")
         text = "\n".join(parts)
-    return text if len(text) <= SAMPLE_CHARS else text[:SAMPLE_CHARS] + " ..."
+    text = text if len(text) <= SAMPLE_CHARS else text[:SAMPLE_CHARS] + " ..."
+    return printable(text)  # a model's escape codes are shown, never run by the terminal
 
 
 def sample_panel(rows: list[dict[str, Any]], seed: str) -> Panel | None:
@@ -140,7 +142,8 @@ def sample_panel(rows: list[dict[str, Any]], seed: str) -> Panel | None:
         Text(_as_text(row.get("completion"))),
     )
     title = f"example {row.get('example_id')}, rollout r{row.get('rollout_idx', 0) + 1}"
-    return Panel(body, title=f"{title}, reward {row.get('reward')}", title_align="left")
+    title = Text(printable(f"{title}, reward {row.get('reward')}"))
+    return Panel(body, title=title, title_align="left")
 
 
 def print_summary(
@@ -169,6 +172,6 @@ def print_summary(
     if summary.failed:
         first = next(str(r.get("error")) for r in rows if rollout_failed(r))
         console.print(f"{summary.failed} rollouts failed and are left out of the means; "
-                      f"first error: {first}", markup=False, soft_wrap=True)
+                      f"first error: {printable(first)}", markup=False, soft_wrap=True)
     if run_dir is not None:
         console.print(f"results: {run_dir / 'results.jsonl'}", markup=False, soft_wrap=True)
