@@ -88,6 +88,9 @@ FLAG_CASES = [
     (["-b", "http://"], ["-b/--api-base-url"]),
     (["-b", "http://127.0.0.1:port/v1"], ["-b/--api-base-url", "not a valid URL"]),
     (["--header", "no-colon"], ["--header"]),
+    # a -C naming a column every row has was silently ignored
+    (["-C", "turn,reward"], ["-C/--state-columns", "'reward'"]),
+    (["-C", "exact"], ["-C/--state-columns", "'exact'", "reward function"]),  # eval-echo's
     (["--header", "Bad Name: v"], ["--header"]),
     (["--header", "X-A: v\r\nInjected: 1"], ["--header X-A", "line breaks"]),
     (["-e", "."], ["-e/--endpoints", "cannot read"]),

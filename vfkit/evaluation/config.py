@@ -14,6 +14,7 @@ from typing import Any
 
 from vfkit.client.sampling import TOKEN_LIMIT_KEYS, sampling_keys
 from vfkit.errors import ConfigError
+from vfkit.evaluation.results import check_state_columns
 from vfkit.evaluation.urls import check_base_url
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -101,6 +102,7 @@ class EvalConfig:
                      maximum=MAX_TIMEOUT_S, unit=" seconds")
         check_int(self.max_retries, "--max-retries", minimum=0, maximum=MAX_RETRIES)
         check_sampling_args(self.sampling_args, "-S/--sampling-args")
+        check_state_columns(self.state_columns)
         if self.api_base_url is not None:
             self.api_base_url = check_base_url(self.api_base_url, "-b/--api-base-url")
         self.output_dir = Path(self.output_dir)

@@ -73,6 +73,18 @@ def metric_column(name: str) -> str:
     return f"metric_{name}" if name in BASE_COLUMNS else name
 
 
+def check_state_columns(columns: list[str], metric_names: list[str] = ()) -> None:
+    """ConfigError naming -C for a state column that every row already has (it was ignored)."""
+    taken = {*BASE_COLUMNS, *(metric_column(m) for m in metric_names)}
+    clash = [c for c in columns if c in taken]
+    if clash:
+        raise ConfigError(
+            f"-C/--state-columns: {', '.join(map(repr, clash))} is already a column of every "
+            f"row (fixed columns: {', '.join(BASE_COLUMNS)}; plus one per reward function); "
+            "leave it out"
+        )
+
+
 def state_to_row(state: State, rollout_idx: int, state_columns: list[str] = ()) -> dict[str, Any]:
     """One results.jsonl row for a rollout: the fixed columns, one per metric, chosen state keys."""
     row: dict[str, Any] = {

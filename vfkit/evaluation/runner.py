@@ -35,6 +35,7 @@ from vfkit.evaluation.recorder import RunRecorder
 from vfkit.evaluation.results import (
     RESULTS_FILE,
     ResultsWriteError,
+    check_state_columns,
     check_writable_folder,
     completed_rollouts,
     load_results,
@@ -286,6 +287,7 @@ def run_eval(cfg: EvalConfig, console: Console | None = None) -> Path | None:
             run_dir = new_run_dir(cfg.output_dir, cfg.env_id or "", cfg.model)
         prior = load_results(run_dir / RESULTS_FILE, repair=True) if cfg.resume and run_dir else []
         todo = plan_groups(inputs, r, completed_rollouts(prior))
+        check_state_columns(cfg.state_columns, _reward_names(env))  # a reward's column too
         recorder = RunRecorder(cfg, todo, prior, _reward_names(env), expected=len(inputs) * r)
         try:
             if todo:
