@@ -146,18 +146,23 @@ def test_output_dir_reads_in_one_line_with_pandas_and_datasets(server, tmp_path)
     assert ds[0]["completion"][-1]["role"] == "assistant"
 
 
-def test_endpoint_registry_lookup_and_its_key_variable(server, tmp_path):
+def test_endpoint_registry_lookup_and_its_key_variable(tmp_path):
+    server = TestServer(echo_responder, model="served-name").start()
     (tmp_path / "configs").mkdir()
     (tmp_path / "configs" / "endpoints.toml").write_text(
         f'[[endpoint]]\nid = "echo"\nmodel = "served-name"\nurl = "{server.base_url}"\n'
         'key = "ECHO_KEY"\n'
     )
-    proc = vf_eval(tmp_path, "eval-echo", "-m", "echo", "-n", "1", "-r", "1", "-s")
-    assert proc.returncode != 0
-    assert "ECHO_KEY" in proc.stderr and "Traceback" not in proc.stderr
-    proc = vf_eval(tmp_path, "eval-echo", "-m", "echo", "-n", "1", "-r", "1", "-s", ECHO_KEY="k")
-    assert proc.returncode == 0, proc.stderr
-    assert [q["model"] for q in server.requests] == ["served-name"]
+    try:
+        proc = vf_eval(tmp_path, "eval-echo", "-m", "echo", "-n", "1", "-r", "1", "-s")
+        assert proc.returncode != 0
+        assert "ECHO_KEY" in proc.stderr and "Traceback" not in proc.stderr
+        proc = vf_eval(tmp_path, "eval-echo", "-m", "echo", "-n", "1", "-r", "1", "-s",
+                       ECHO_KEY="k")
+        assert proc.returncode == 0, proc.stderr
+        assert [q["model"] for q in server.requests] == ["served-name"]
+    finally:
+        server.stop()
     (run_dir,) = run_dirs(tmp_path / "outputs" / "evals")
     meta = json.loads((run_dir / "metadata.json").read_text())
     assert meta["endpoint_source"] == "registry" and meta["base_url"] == server.base_url

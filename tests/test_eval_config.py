@@ -141,3 +141,31 @@ def test_resume_fills_unset_flags_and_rejects_conflicts(tmp_path):
         apply_resumed_settings(EvalConfig(resume=tmp_path, rollouts_per_example=5))
     with pytest.raises(ConfigError, match="no run folder"):
         apply_resumed_settings(EvalConfig(resume=tmp_path / "nope"))
+
+
+def test_env_pyproject_is_the_loaded_modules_whatever_the_working_folder(tmp_path, monkeypatch):
+    """vfkit's own packages are modules `vfkit_<id>`: the defaults of reverse-text were read
+    only when the working folder held environments/reverse-text (the repo root)."""
+    pkg = tmp_path / "site" / "my-env-prefixed"
+    pkg.mkdir(parents=True)
+    (pkg / "vfkit_my_env_prefixed.py").write_text("def load_environment():\n    pass\n")
+    (pkg / "pyproject.toml").write_text("[tool.vfkit.eval]\nnum_examples = 7\n")
+    # a decoy: a plain `my_env_prefixed` module elsewhere, which the registry would not load
+    decoy = tmp_path / "decoy"
+    decoy.mkdir()
+    (decoy / "my_env_prefixed.py").write_text("def load_environment():\n    pass\n")
+    (decoy / "pyproject.toml").write_text("[tool.vfkit.eval]\nnum_examples = 99\n")
+    monkeypatch.syspath_prepend(str(decoy))
+    monkeypatch.syspath_prepend(str(pkg))
+    monkeypatch.chdir(tmp_path)  # no environments/ here
+    assert find_env_pyproject("my-env-prefixed") == pkg / "pyproject.toml"
+    assert eval_defaults("my-env-prefixed") == {"num_examples": 7}
+
+
+def test_registry_entries_that_are_not_tables_are_named_with_their_line(tmp_path):
+    path = tmp_path / "endpoints.toml"
+    path.write_text("# my endpoints\n\nendpoint = [1, 2]\n")  # a raw TypeError before
+    with pytest.raises(ConfigError) as info:
+        load_endpoints(path)
+    assert str(info.value).startswith(f"{path} line 3: endpoint #1 must be a table, got 1")
+    assert "[[endpoint]]" in str(info.value)

@@ -35,6 +35,11 @@ def _state(error: str | None, stop: str | None) -> dict:
         ("APITimeoutError: Request timed out.", "error", True),
         ("InternalServerError: Error code: 503 - overloaded", "error", True),
         ("RateLimitError: Error code: 429", "error", True),
+        # refused to serve this client: no answer about the model either (they were saved as
+        # reward-0 rows, averaged in, and --resume could not run them again)
+        ("AuthenticationError: Error code: 401 - bad key", "error", True),
+        ("PermissionDeniedError: Error code: 403", "error", True),
+        ("NotFoundError: Error code: 404 - The model `x` does not exist.", "error", True),
         ("ConnectionResetError: [Errno 104] Connection reset by peer", "error", True),
         ("BadRequestError: Error code: 400 - bad temperature", "error", False),  # data
         ("ValueError: the environment's own bug", "error", False),  # data
@@ -98,23 +103,75 @@ def test_server_killed_mid_run_saves_no_error_rows_and_resume_runs_exactly_the_r
 
 
 @pytest.mark.parametrize(
-    ("status", "saved", "meta_status"),
+    ("status", "saved", "meta_status", "advice"),
     [
-        (503, 0, "incomplete"),  # 5xx after the client's retries: no answer, nothing saved
-        (400, 4, "failed"),  # the server refused every request: data, but nothing scored
+        # 5xx after the client's retries: no answer, nothing saved, --resume runs them
+        (503, 0, "incomplete", "--resume"),
+        (401, 0, "incomplete", "-k/--api-key-var"),  # key refused: no answer either
+        (404, 0, "incomplete", "end in /v1"),  # no such route or model
+        # the server refused every request's values: saved as failed rows, nothing scored
+        (400, 4, "failed", "start a new run"),
     ],
 )
-def test_every_rollout_failing_exits_non_zero(tmp_path, status, saved, meta_status):
+def test_every_rollout_failing_exits_non_zero(tmp_path, status, saved, meta_status, advice):
     with TestServer(echo_responder) as srv:
         srv.fail_next(status, n=100, message="injected")
         proc = vf_eval(tmp_path, "eval-echo", "-b", srv.base_url, "-m", "test-model",
                        "-n", "2", "-r", "2", "-s", "--max-retries", "0")  # fmt: skip
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr
+    assert advice in proc.stderr, proc.stderr
     (run_dir,) = run_dirs(tmp_path / "outputs" / "evals")
     assert len(read_rows(run_dir)) == saved
     meta = json.loads((run_dir / "metadata.json").read_text())
     assert meta["status"] == meta_status
+    assert meta["avg_reward"] is None  # nothing scored: no mean, never 0.0
+
+
+def test_refused_requests_are_not_results_and_resume_runs_them(tmp_path):
+    """401s (key refused) were saved as reward-0 rows: the mean fell, the run said
+    'completed', exit 0, and --resume had nothing left to run."""
+    with TestServer(echo_responder) as srv:
+        srv.fail_next(401, n=2)
+        proc = vf_eval(tmp_path, "eval-echo", "-b", srv.base_url, "-n", "4", "-r", "1",
+                       "-c", "1", "-s")  # fmt: skip
+        assert proc.returncode == 1, proc.stderr
+        assert "--resume" in proc.stderr and "-k/--api-key-var" in proc.stderr
+        (run_dir,) = run_dirs(tmp_path / "outputs" / "evals")
+        rows = read_rows(run_dir)
+        assert len(rows) == 2 and all(r["error"] is None for r in rows)
+        meta = json.loads((run_dir / "metadata.json").read_text())
+        assert meta["status"] == "incomplete" and meta["failed_rollouts"] == 2
+        assert meta["avg_reward"] == pytest.approx(sum(r["reward"] for r in rows) / 2)
+        srv.requests.clear()
+        proc = vf_eval(tmp_path, "--resume", str(run_dir))
+        assert proc.returncode == 0, proc.stderr
+        assert len(srv.requests) == 2  # exactly the refused ones ran again
+    meta = json.loads((run_dir / "metadata.json").read_text())
+    assert meta["status"] == "completed" and meta["num_rollouts"] == 4
+    assert meta["avg_reward"] == pytest.approx(0.5)  # apple 1, banana 0, cherry 1, damson 0
+
+
+def test_a_failed_rollout_is_saved_but_left_out_of_the_means(tmp_path):
+    """A rollout with no model answer (here the server refused its values, a 400) keeps its
+    row and error, but is not averaged in as reward 0; its count stands next to the means."""
+    with TestServer(echo_responder) as srv:
+        srv.fail_next(400, n=1, message="injected refusal")
+        proc = vf_eval(tmp_path, "eval-echo", "-b", srv.base_url, "-n", "4", "-r", "1",
+                       "-c", "1", "-s")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (run_dir,) = run_dirs(tmp_path / "outputs" / "evals")
+    rows = read_rows(run_dir)
+    failed = [r for r in rows if r["stop_condition"] == "error"]
+    assert len(rows) == 4 and len(failed) == 1 and "injected refusal" in failed[0]["error"]
+    scored = [r for r in rows if r["stop_condition"] != "error"]
+    meta = json.loads((run_dir / "metadata.json").read_text())
+    assert meta["status"] == "completed"
+    assert (meta["scored_rollouts"], meta["errored_rollouts"]) == (3, 1)
+    assert meta["avg_reward"] == pytest.approx(sum(r["reward"] for r in scored) / 3)
+    assert meta["avg_metrics"]["exact"] == pytest.approx(sum(r["exact"] for r in scored) / 3)
+    assert "means over 3 scored rollouts" in proc.stdout
+    assert "1 rollouts failed and are left out of the means" in proc.stdout
 
 
 BOOM_ENV = '''
@@ -213,3 +270,21 @@ def test_embedded_server_killed_mid_run_then_resume_finishes(tiny_model_path, tm
     pairs = sorted((r["example_id"], r["rollout_idx"]) for r in read_rows(run_dir))
     assert pairs == [(e, k) for e in range(8) for k in range(2)]
     assert json.loads((run_dir / "metadata.json").read_text())["status"] == "completed"
+
+
+def test_a_server_that_stops_answering_still_gets_the_summary_of_what_was_saved(tmp_path):
+    answered = []
+
+    def dies_after_one_group(body: dict) -> str:
+        if len(answered) >= 2:
+            raise RuntimeError("engine died")  # the scripted server answers 500
+        answered.append(body)
+        return echo_responder(body)
+
+    with TestServer(dies_after_one_group) as srv:
+        proc = vf_eval(tmp_path, "eval-echo", "-b", srv.base_url, "-n", "6", "-r", "2", "-c", "1",
+                       "--max-retries", "0", "-s")  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert "stopped answering: 8 rollouts in a row" in proc.stderr and "--resume" in proc.stderr
+    assert "rollouts: 2   scored: 2" in proc.stdout  # the summary was skipped before
+    assert "no answer (not saved): 8" in proc.stdout

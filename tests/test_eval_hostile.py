@@ -21,7 +21,8 @@ UNREACHABLE = "http://127.0.0.1:9/v1"  # never contacted: every case fails befor
 
 @pytest.fixture
 def cli(tmp_path, monkeypatch, capsys):
-    """Run vf-eval in-process in an empty folder; returns (exit code, stderr)."""
+    """Run vf-eval in-process in an empty folder; returns (exit code, stderr); the last run's
+    stdout (the summary) is left in `cli.stdout`."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(FIXTURE_ENV))
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
@@ -31,7 +32,9 @@ def cli(tmp_path, monkeypatch, capsys):
             code = main(list(argv))
         except SystemExit as exc:  # argparse's own refusals (not a number at all)
             code = exc.code
-        return code, capsys.readouterr().err
+        captured = capsys.readouterr()
+        run.stdout = captured.out
+        return code, captured.err
 
     return run
 
@@ -67,6 +70,11 @@ FLAG_CASES = [
     (["-S", '{"max_tokens": "many"}'], ["-S/--sampling-args", "max_tokens"]),
     (["-S", '{"top_p": 1.5}'], ["-S/--sampling-args", "top_p"]),
     (["-S", "{temperature: 1}"], ["-S/--sampling-args", "not valid JSON"]),
+    # keys the client cannot take used to fail every rollout (TypeError, AttributeError)
+    (["-S", '{"foo": 1}'], ["-S/--sampling-args", "['foo']", "temperature", "extra_body"]),
+    (["-S", '{"stream": true}'], ["-S/--sampling-args", "'stream'"]),
+    (["-S", '{"n": 3}'], ["-S/--sampling-args", "'n'", "-r/--rollouts-per-example"]),
+    (["-S", '{"extra_body": [1]}'], ["-S/--sampling-args", "extra_body", "JSON object"]),
     (["-S", "[1]"], ["-S/--sampling-args", "JSON object"]),
     (["-a", "{bad"], ["-a/--env-args", "not valid JSON"]),
     (["-a", '"text"'], ["-a/--env-args", "JSON object"]),
@@ -80,10 +88,16 @@ FLAG_CASES = [
     (["-b", "http://"], ["-b/--api-base-url"]),
     (["-b", "http://127.0.0.1:port/v1"], ["-b/--api-base-url", "not a valid URL"]),
     (["--header", "no-colon"], ["--header"]),
+    # a -C naming a column every row has was silently ignored
+    (["-C", "turn,reward"], ["-C/--state-columns", "'reward'"]),
+    (["-C", "exact"], ["-C/--state-columns", "'exact'", "reward function"]),  # eval-echo's
     (["--header", "Bad Name: v"], ["--header"]),
     (["--header", "X-A: v\r\nInjected: 1"], ["--header X-A", "line breaks"]),
     (["-e", "."], ["-e/--endpoints", "cannot read"]),
     (["-o", "afile"], ["-o/--output-dir", "is a file"]),
+    # these gave a raw OSError, and only after the target (maybe a local model) was opened
+    (["-o", "afile/sub"], ["-o/--output-dir", "afile is a file"]),
+    (["-o", "/proc/vfk"], ["-o/--output-dir", "/proc/vfk", "cannot create"]),
 ]
 
 
@@ -194,3 +208,59 @@ def test_resume_refuses_a_tampered_metadata_file(cli, tmp_path, meta_edit, expec
     assert code == 1, err
     assert all(word in err for word in expected), err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("url_tail", "model", "expected"),
+    [
+        ("", "test-model", ["-b/--api-base-url", "end in /v1", "/v1"]),  # -b without /v1
+        ("/v1", "gpt-x", ["-m/--model", "'gpt-x'", "'test-model'"]),  # a model not served
+    ],
+)
+def test_a_wrong_server_url_or_model_is_refused_before_any_rollout(
+    cli, tmp_path, url_tail, model, expected
+):
+    """Both used to run every rollout (into a 404 on a real server), saving reward-0 rows."""
+    with TestServer(echo_responder) as srv:
+        url = srv.base_url.removesuffix("/v1") + url_tail
+        code, err = cli("eval-echo", "-b", url, "-m", model, "-n", "2", "-r", "1", "-s")
+        assert code == 1, err
+        assert all(word in err for word in expected), err
+        assert "Traceback" not in err and not srv.requests  # nothing was run
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_resume_of_a_registry_run_needs_no_e_flag(cli, tmp_path, monkeypatch):
+    """--resume forgot -e: the resumed '-m mine' was looked up as a local model and refused."""
+    registry = tmp_path / "regs" / "mine.toml"
+    registry.parent.mkdir()
+    with TestServer(echo_responder) as srv:
+        registry.write_text(f'[[endpoint]]\nid = "mine"\nmodel = "test-model"\n'
+                            f'url = "{srv.base_url}"\n')
+        srv.fail_next(500, n=2)
+        code, err = cli("eval-echo", "-m", "mine", "-e", str(registry), "-n", "2", "-r", "1",
+                        "--max-retries", "0", "-s")
+        assert code == 1 and "--resume" in err, err
+        (run_dir,) = run_dirs(tmp_path / "outputs" / "evals")
+        (tmp_path / "elsewhere").mkdir()
+        monkeypatch.chdir(tmp_path / "elsewhere")  # the registry path is kept absolute
+        code, err = cli("--resume", str(run_dir))
+        assert code == 0, err
+        assert len(srv.requests) == 4  # 2 refused, then the same 2 again
+    assert len(read_rows(run_dir)) == 2
+
+
+def test_resume_accepts_n_minus_one_when_the_run_had_every_example(cli, tmp_path):
+    with TestServer(echo_responder) as srv:
+        code, err = cli("eval-echo", "-b", srv.base_url, "-n", "-1", "-r", "1", "-s")
+        assert code == 0, err
+        (run_dir,) = run_dirs(tmp_path / "outputs" / "evals")
+        assert json.loads((run_dir / "metadata.json").read_text())["num_examples"] == 6
+        code, err = cli("-n", "-1", "--resume", str(run_dir))  # was: "-n is -1 here but 6"
+        assert code == 0 and "Nothing left to run" in err, err
+        code, err = cli("eval-echo", "-b", srv.base_url, "-n", "3", "-r", "1", "-s")
+        assert code == 0, err
+        (short,) = set(run_dirs(tmp_path / "outputs" / "evals")) - {run_dir}
+        code, err = cli("-n", "-1", "--resume", str(short))  # -1 is 6 here: not that run's 3
+        assert code == 1 and "-n -1" in err and "ran 3" in err, err
+        assert len(read_rows(short)) == 3  # nothing ran

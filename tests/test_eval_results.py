@@ -98,6 +98,20 @@ def test_summary_means_stds_and_per_rollout_index():
     assert Summary.of([], ["exact"]).averages()["reward"] is None
 
 
+def test_failed_rollouts_are_counted_but_not_averaged():
+    rows = [state_to_row(_state(i, r), 0) for i, r in enumerate((1.0, 0.0, 1.0))]
+    rows.append(state_to_row(_state(3, 0.0, error="ValueError: env bug", stop_condition="error"),
+                             0))
+    rows.append(state_to_row(_state(4, 0.0, stop_condition="prompt_too_long"), 0))
+    summary = Summary.of(rows, ["exact"])
+    # the failed row (reward 0) is out: (1 + 0 + 1 + 0) / 4 = 0.5, not 2 / 5 = 0.4
+    assert summary.columns["reward"][0] == 0.5 and summary.by_rollout_idx["reward"] == {0: 0.5}
+    assert (summary.num_rollouts, summary.scored, summary.failed) == (5, 4, 1)
+    assert summary.errors == 1 and summary.prompt_too_long == 1
+    only_failed = Summary.of(rows[3:4], ["exact"])
+    assert only_failed.averages() == {"reward": None, "exact": None}  # nothing scored
+
+
 def test_metadata_round_trip_and_missing_metadata_error(tmp_path):
     write_metadata(tmp_path, {"env_id": "x", "avg_reward": float("nan")})
     assert read_metadata(tmp_path) == {"env_id": "x", "avg_reward": None}

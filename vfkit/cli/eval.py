@@ -28,6 +28,7 @@ from vfkit.evaluation.config import (
     parse_json_object,
     parse_state_columns,
 )
+from vfkit.evaluation.terminal import PrintableLogs, printable
 from vfkit.evaluation.urls import RedactPasswords, redact_text
 
 
@@ -110,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     for handler in logging.getLogger().handlers:
         handler.addFilter(RedactPasswords())  # a password in -b never reaches the terminal
+        handler.addFilter(PrintableLogs())  # nor a model's escape codes, quoted in an error
     if args.verbose:
         logging.getLogger("vfkit").setLevel(logging.DEBUG)
     signal.signal(signal.SIGTERM, _terminate)
@@ -120,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     except VfkitError as exc:
         if args.verbose:
             _print_traceback(err, exc)
-        err.print(Text.assemble(("error: ", "bold red"), redact_text(str(exc))))
+        err.print(Text.assemble(("error: ", "bold red"), printable(redact_text(str(exc)))))
         return 1
     except KeyboardInterrupt:
         err.print("[yellow]interrupted[/]")
@@ -130,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             _print_traceback(err, exc)
         else:
             message = redact_text(f"{type(exc).__name__}: {exc} (run with -v for the traceback)")
-            err.print(Text.assemble(("error: ", "bold red"), message))
+            err.print(Text.assemble(("error: ", "bold red"), printable(message)))
         return 1
     return 0
 

@@ -14,6 +14,9 @@ spellings are the same key, and `extra_body` dicts merge key by key:
 
     merge_sampling_args({"max_tokens": 48, "top_k": 5}, {"temperature": 0.7})
     # {'max_tokens': 48, 'temperature': 0.7, 'extra_body': {'top_k': 5}}
+
+`max_tokens` and `max_completion_tokens` are one limit spelled two ways: a layer that sets
+either replaces both below it (the server never gets two limits).
 """
 
 from __future__ import annotations
@@ -29,6 +32,20 @@ from vfkit.types import SamplingArgs
 EXTRA_BODY_KEYS = (
     "top_k", "min_p", "repetition_penalty", "return_token_ids", "skip_special_tokens",
 )
+TOKEN_LIMIT_KEYS = ("max_tokens", "max_completion_tokens")  # one limit, two spellings
+
+
+def sampling_keys() -> frozenset[str]:
+    """Every key a sampling-args dict may hold: a keyword of the installed openai client's
+    chat or completions `create()` (whatever its version), or a vLLM knob of EXTRA_BODY_KEYS.
+    The caller decides which of them it lets users set (the prompt and model are its own)."""
+    import inspect
+
+    from openai.resources.chat.completions import AsyncCompletions as Chat
+    from openai.resources.completions import AsyncCompletions as Text
+
+    names = {*inspect.signature(Chat.create).parameters, *inspect.signature(Text.create).parameters}
+    return frozenset(names - {"self"}) | frozenset(EXTRA_BODY_KEYS)
 
 
 def normalize_sampling_args(args: SamplingArgs | None) -> SamplingArgs:
@@ -52,10 +69,26 @@ def merge_sampling_args(*layers: SamplingArgs | None) -> SamplingArgs:
     for layer in layers:
         normal = normalize_sampling_args(layer)
         extra.update(normal.pop("extra_body", {}))
+        if any(key in normal for key in TOKEN_LIMIT_KEYS):
+            for key in TOKEN_LIMIT_KEYS:
+                merged.pop(key, None)
         merged.update(normal)
     if extra:
         merged["extra_body"] = extra
     return merged
+
+
+def drop_sampling_keys(args: SamplingArgs | None, keys: Sequence[str]) -> SamplingArgs:
+    """A copy of `args` without `keys`, at top level or inside extra_body (vf-eval's
+    `-S '{"max_tokens": null}'` removes the environment's own limit this way). Dropping either
+    token-limit spelling drops both."""
+    if set(keys) & set(TOKEN_LIMIT_KEYS):
+        keys = [*keys, *TOKEN_LIMIT_KEYS]
+    out = normalize_sampling_args(args)
+    extra = out.pop("extra_body", {})
+    out = {k: v for k, v in out.items() if k not in keys}
+    extra = {k: v for k, v in extra.items() if k not in keys}
+    return {**out, "extra_body": extra} if extra else out
 
 
 SEED_RANGE = 2**63  # the servers' (vLLM, vf-serve, OpenAI) seed is a signed 64-bit integer

@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vfkit.client.sampling import TOKEN_LIMIT_KEYS, sampling_keys
 from vfkit.errors import ConfigError
+from vfkit.evaluation.results import check_state_columns
 from vfkit.evaluation.urls import check_base_url
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -32,6 +34,20 @@ _SAMPLING_RANGES = {
     "top_p": (0.0, 1.0, False),
     "presence_penalty": (-2.0, 2.0, True),
     "frequency_penalty": (-2.0, 2.0, True),
+}
+# sampling keys vf-eval sets itself, or cannot work with -> what to do instead
+_REFUSED_SAMPLING_KEYS = {
+    "stream": "vf-eval reads whole responses (with their token ids); leave it out",
+    "stream_options": "vf-eval reads whole responses (with their token ids); leave it out",
+    "n": "each request samples one completion; use -r/--rollouts-per-example for more",
+    "model": "use -m/--model",
+    "messages": "the environment writes the prompts",
+    "prompt": "the environment writes the prompts",
+    "tools": "the environment declares its tools",
+    "functions": "the environment declares its tools",
+    "function_call": "the environment declares its tools",
+    "timeout": "use --timeout",
+    "extra_headers": "use --header",
 }
 
 
@@ -86,6 +102,7 @@ class EvalConfig:
                      maximum=MAX_TIMEOUT_S, unit=" seconds")
         check_int(self.max_retries, "--max-retries", minimum=0, maximum=MAX_RETRIES)
         check_sampling_args(self.sampling_args, "-S/--sampling-args")
+        check_state_columns(self.state_columns)
         if self.api_base_url is not None:
             self.api_base_url = check_base_url(self.api_base_url, "-b/--api-base-url")
         self.output_dir = Path(self.output_dir)
@@ -135,8 +152,21 @@ def check_number(
 
 
 def check_sampling_args(args: dict[str, Any], flag: str) -> None:
-    """Token limits are positive integers, the usual knobs finite numbers in their ranges."""
-    for key in ("max_tokens", "max_completion_tokens"):
+    """Keys the openai client takes (null: unset), token limits positive integers, the usual
+    knobs finite numbers in their ranges; anything else is a ConfigError naming the key."""
+    for key in args:
+        if key in _REFUSED_SAMPLING_KEYS:
+            raise ConfigError(f"{flag}: {key!r} is not allowed: {_REFUSED_SAMPLING_KEYS[key]}")
+    known = sampling_keys() - set(_REFUSED_SAMPLING_KEYS)
+    unknown = sorted(set(args) - known)
+    if unknown:
+        raise ConfigError(
+            f"{flag}: unknown key(s) {unknown}; known: {', '.join(sorted(known))}. A key only "
+            f"your server knows goes in extra_body: '{{\"extra_body\": {{\"{unknown[0]}\": ...}}}}'"
+        )
+    if args.get("extra_body") is not None and not isinstance(args["extra_body"], dict):
+        raise ConfigError(f"{flag}: extra_body must be a JSON object, got {args['extra_body']!r}")
+    for key in TOKEN_LIMIT_KEYS:
         if args.get(key) is not None:
             check_int(args[key], f"{flag}: {key}", minimum=1)
     for key, (low, high, inclusive) in _SAMPLING_RANGES.items():
@@ -198,11 +228,15 @@ def parse_state_columns(values: list[str] | None) -> list[str]:
 def build_sampling_args(
     max_tokens: int | None, temperature: float | None, sampling_json: str | None
 ) -> dict[str, Any]:
-    """Merge -t and -T with the -S JSON object; -S wins where both set a key."""
+    """Merge -t and -T with the -S JSON object; -S wins where both set a key (a token limit
+    in -S, either spelling, replaces -t). A null in -S unsets the environment's own value."""
     args: dict[str, Any] = {}
     if max_tokens is not None:
         args["max_tokens"] = check_int(max_tokens, "-t/--max-tokens", minimum=1)
     if temperature is not None:
         args["temperature"] = check_number(temperature, "-T/--temperature", minimum=0.0)
-    args.update(parse_json_object(sampling_json, "-S/--sampling-args"))
+    given = parse_json_object(sampling_json, "-S/--sampling-args")
+    if set(given) & set(TOKEN_LIMIT_KEYS):
+        args.pop("max_tokens", None)
+    args.update(given)
     return args

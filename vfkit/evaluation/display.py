@@ -21,7 +21,8 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from vfkit.evaluation.results import Summary
+from vfkit.evaluation.results import Summary, rollout_failed
+from vfkit.evaluation.terminal import printable
 from vfkit.images import IMAGE_PART_TYPES
 
 SAMPLE_CHARS = 1200  # longer prompts/completions are cut in the sample panel
@@ -58,8 +59,10 @@ class EvalProgress:
         self._progress.stop()
 
     def update(self, rows: list[dict[str, Any]], failed: int = 0) -> None:
-        """Refresh from every row known so far (resumed ones included); `failed`: not saved."""
-        rewards = [r["reward"] for r in rows if isinstance(r.get("reward"), int | float)]
+        """Refresh from every row known so far (resumed ones included); `failed`: not saved.
+        The reward is the mean of the scored rows (a failed rollout has none)."""
+        rewards = [r["reward"] for r in rows
+                   if isinstance(r.get("reward"), int | float) and not rollout_failed(r)]
         new = len(rows) - self._already_done
         elapsed = max(time.monotonic() - self._start, 1e-6)
         self._progress.update(
@@ -77,8 +80,12 @@ def _fmt(value: float) -> str:
 
 
 def summary_table(summary: Summary, rollouts_per_example: int) -> Table:
-    """Reward and every reward function: mean, std, and the mean of each rollout index."""
-    table = Table(title="Results", title_justify="left")
+    """Reward and every reward function: mean, std, and the mean of each rollout index, over the
+    scored rollouts (the title says how many failed and are not counted)."""
+    title = f"Results: means over {summary.scored} scored rollouts"
+    if summary.failed:
+        title += f" ({summary.failed} failed: saved with their error, not counted)"
+    table = Table(title=title, title_justify="left")
     table.add_column("", style="bold")
     table.add_column("mean", justify="right")
     table.add_column("std", justify="right")
@@ -118,7 +125,8 @@ def _as_text(messages: Any) -> str:
             suffix = f" <tool calls: {names}>" if names else ""
             parts.append(f"[{m.get('role')}] {content}{suffix}")
         text = "\n".join(parts)
-    return text if len(text) <= SAMPLE_CHARS else text[:SAMPLE_CHARS] + " ..."
+    text = text if len(text) <= SAMPLE_CHARS else text[:SAMPLE_CHARS] + " ..."
+    return printable(text)  # a model's escape codes are shown, never run by the terminal
 
 
 def sample_panel(rows: list[dict[str, Any]], seed: str) -> Panel | None:
@@ -134,7 +142,8 @@ def sample_panel(rows: list[dict[str, Any]], seed: str) -> Panel | None:
         Text(_as_text(row.get("completion"))),
     )
     title = f"example {row.get('example_id')}, rollout r{row.get('rollout_idx', 0) + 1}"
-    return Panel(body, title=f"{title}, reward {row.get('reward')}", title_align="left")
+    title = Text(printable(f"{title}, reward {row.get('reward')}"))
+    return Panel(body, title=title, title_align="left")
 
 
 def print_summary(
@@ -145,15 +154,24 @@ def print_summary(
     rollouts_per_example: int,
     seed: str,
     run_dir: Path | None,
+    no_answer: int = 0,
 ) -> None:
-    """The end-of-run report: sample pair, metrics table, error/truncation counts, file paths."""
+    """The end-of-run report: sample pair, metrics table, counts, file paths.
+
+    `no_answer`: rollouts of this session that got no server answer (not saved)."""
     panel = sample_panel(rows, seed)
     if panel is not None:
         console.print(panel)
     console.print(summary_table(summary, rollouts_per_example))
-    console.print(
-        f"rollouts: {summary.num_rollouts}   errors: {summary.errors}   "
-        f"truncated: {summary.truncated}"
-    )
+    counts = (f"rollouts: {summary.num_rollouts}   scored: {summary.scored}   "
+              f"errors: {summary.errors}   truncated: {summary.truncated}   "
+              f"prompt too long: {summary.prompt_too_long}")
+    if no_answer:
+        counts += f"   no answer (not saved): {no_answer}"
+    console.print(counts, soft_wrap=True)
+    if summary.failed:
+        first = next(str(r.get("error")) for r in rows if rollout_failed(r))
+        console.print(f"{summary.failed} rollouts failed and are left out of the means; "
+                      f"first error: {printable(first)}", markup=False, soft_wrap=True)
     if run_dir is not None:
         console.print(f"results: {run_dir / 'results.jsonl'}", markup=False, soft_wrap=True)

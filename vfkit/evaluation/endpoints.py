@@ -10,8 +10,9 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from vfkit.errors import ConfigError
@@ -28,12 +29,18 @@ class Endpoint:
     model: str
     url: str
     key: str | None = None
+    path: Path | None = field(default=None, compare=False)  # the registry file it came from
+
+    def origin(self) -> str:
+        """Where its URL was written, for messages: "endpoint 'x' in FILE"."""
+        return f"endpoint {self.id!r} in {self.path}" if self.path else f"endpoint {self.id!r}"
 
 
 def load_endpoints(path: Path) -> dict[str, Endpoint]:
     """Read a TOML registry of `[[endpoint]]` tables, by id; errors name the file and entry."""
     try:
-        data = tomllib.loads(Path(path).read_text())
+        text = Path(path).read_text()
+        data = tomllib.loads(text)
     except FileNotFoundError:
         raise ConfigError(f"-e/--endpoints: no such file {path}") from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -52,6 +59,11 @@ def load_endpoints(path: Path) -> dict[str, Endpoint]:
     registry: dict[str, Endpoint] = {}
     for i, entry in enumerate(entries):
         where = f"{path}: endpoint #{i + 1}"
+        if not isinstance(entry, dict):
+            raise ConfigError(
+                f"{path}{_line_of_array(text)}: endpoint #{i + 1} must be a table, got "
+                f"{entry!r}; write each entry as [[endpoint]] with id, model and url keys"
+            )
         unknown = set(entry) - _FIELDS
         if unknown:
             allowed = ", ".join(sorted(_FIELDS))
@@ -65,9 +77,15 @@ def load_endpoints(path: Path) -> dict[str, Endpoint]:
         if entry["id"] in registry:
             raise ConfigError(f"{where}: id {entry['id']!r} is defined twice")
         registry[entry["id"]] = Endpoint(
-            entry["id"], entry["model"], entry["url"], entry.get("key")
+            entry["id"], entry["model"], entry["url"], entry.get("key"), Path(path)
         )
     return registry
+
+
+def _line_of_array(text: str) -> str:
+    """' line N' of an inline `endpoint = [...]` array (where non-tables come from), or ''."""
+    match = re.search(r"^[ \t]*endpoint[ \t]*=", text, flags=re.MULTILINE)
+    return f" line {text.count(chr(10), 0, match.start()) + 1}" if match else ""
 
 
 def find_endpoint(model: str, path: Path | None, *, default_path: Path) -> Endpoint | None:

@@ -5,33 +5,40 @@ results hold only results and `--resume` finds exactly those rollouts missing. T
 in metadata.json says how it ended:
 
     running      still going (or killed without a chance to say so)
-    completed    every rollout has a row and at least one rollout ran without error
-    failed       every rollout has a row, and every one of them failed (nothing was scored)
+    completed    every rollout has a row and at least one was scored; rows whose rollout
+                 failed are kept with their error, left out of the means and counted
+    failed       every rollout has a row, and every one of them failed (nothing was scored):
+                 those rows are saved, so --resume has nothing to run; fix the cause and start
+                 a new run
     incomplete   rollouts are missing because the server did not answer: --resume runs them
     interrupted  stopped by Ctrl-C / SIGTERM: --resume runs what is missing
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from vfkit.errors import VfkitError
 from vfkit.evaluation.config import EvalConfig
 from vfkit.evaluation.display import EvalProgress
-from vfkit.evaluation.failures import FailureTally
-from vfkit.evaluation.results import ResultsWriter, Summary, state_to_row, write_metadata
-from vfkit.types import State, StopCondition
+from vfkit.evaluation.failures import FailureTally, no_answer_hint
+from vfkit.evaluation.results import (
+    ResultsWriteError,
+    ResultsWriter,
+    Summary,
+    rollout_failed,
+    state_to_row,
+    write_metadata,
+)
+from vfkit.types import State
 
 
 class IncompleteEvalError(VfkitError):
     """The run ended with rollouts missing (no server answer) or with none scored at all."""
-
-
-def rollout_failed(row: dict[str, Any]) -> bool:
-    """True when the rollout itself failed (a reward function's error still scores the row)."""
-    return row.get("stop_condition") == StopCondition.ERROR.value
 
 
 class RunRecorder:
@@ -74,11 +81,25 @@ class RunRecorder:
                 if name not in self.metric_names:
                     self.metric_names.append(name)
         self.rows.extend(group)
-        if group and self.writer is not None and self.writer.add_group(group):
-            self.save_metadata("running")  # a killed run's metadata still tells how far it got
+        if group and self.writer is not None:
+            with self._unsaved_rows_dropped():
+                written = self.writer.add_group(group)
+            if written:
+                self.save_metadata("running")  # a killed run's metadata tells how far it got
         if self.progress is not None:
             self.progress.update(self.rows, failed=self.failures.count)
         self.failures.check()  # the server is gone: stop now, the rows above are saved
+
+    @contextlib.contextmanager
+    def _unsaved_rows_dropped(self) -> Iterator[None]:
+        """On a failed write, forget the rows it lost: they are the newest, and the counts
+        in metadata.json and the summary must be those of the file (--resume runs them)."""
+        try:
+            yield
+        except ResultsWriteError as exc:
+            if exc.unsaved:
+                del self.rows[-exc.unsaved:]
+            raise
 
     def summary(self) -> Summary:
         return Summary.of(self.rows, self.metric_names)
@@ -92,7 +113,7 @@ class RunRecorder:
         """completed / failed / incomplete, from what is saved (see the module docstring)."""
         if self.missing or self.failures.count:
             return "incomplete"
-        if self.rows and all(rollout_failed(r) for r in self.rows):
+        if self.rows and all(rollout_failed(r) for r in self.rows):  # nothing scored
             return "failed"
         return "completed"
 
@@ -101,7 +122,8 @@ class RunRecorder:
         if self.run_dir is None:
             return
         if self.writer is not None:
-            self.writer.flush()
+            with self._unsaved_rows_dropped():
+                self.writer.flush()
         summary = self.summary()
         averages = summary.averages()
         reward = averages.pop("reward", None)
@@ -109,10 +131,13 @@ class RunRecorder:
             **self.meta,
             "status": status,
             "num_rollouts": summary.num_rollouts,
+            "scored_rollouts": summary.scored,  # the averages below are over these
+            "errored_rollouts": summary.failed,  # saved with their error, not averaged
             "missing_rollouts": self.missing,
             "errors": summary.errors,
             **self.failures.as_metadata(),
             "truncated": summary.truncated,
+            "prompt_too_long": summary.prompt_too_long,
             "avg_reward": reward,
             "avg_metrics": averages,
             "duration_s": round(time.monotonic() - self._start, 3),
@@ -124,18 +149,24 @@ class RunRecorder:
         """IncompleteEvalError when rollouts are missing or none was scored (exit code 1)."""
         status = self.final_status()
         if status == "incomplete":
-            why = ""
+            why = todo = ""
             if self.failures.count:
-                why = (f": {self.failures.count} failed for lack of a server answer "
-                       f"({self.failures.most_common()}) and were not saved as scores")
-            todo = (f"once the server answers, continue with --resume {self.run_dir}"
-                    if self.run_dir else "run again once the server answers (-s saves results)")
+                first = self.failures.most_common()
+                why = (f": {self.failures.count} failed for lack of a server answer ({first}) "
+                       "and were not saved as scores")
+                todo = f"{no_answer_hint(first)}; "
+            todo += (f"once that is fixed, continue with --resume {self.run_dir}"
+                     if self.run_dir else "then run again (-s saves results, so that --resume "
+                     "can run just the missing ones)")
             raise IncompleteEvalError(
                 f"{self.missing} of {self.expected} rollouts have no result{why}; {todo}"
             )
         if status == "failed":
             first = next((r.get("error") for r in self.rows if r.get("error")), "")
+            where = f" (saved in {self.run_dir}, so --resume has nothing to run)" if (
+                self.run_dir) else ""
             raise IncompleteEvalError(
-                f"every rollout failed ({len(self.rows)} of {self.expected}); nothing was scored. "
-                f"First error: {first}"
+                f"every rollout failed ({len(self.rows)} of {self.expected}); nothing was "
+                f"scored{where}. First error: {first}. Fix its cause (the environment's code, or "
+                "the request values the server refused: -S/-t/-T, -a), then start a new run"
             )

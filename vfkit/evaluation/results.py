@@ -11,18 +11,20 @@ Read a run back in one line:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
 import statistics
+import tempfile
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vfkit.errors import ConfigError
-from vfkit.types import State
+from vfkit.errors import ConfigError, VfkitError
+from vfkit.types import State, StopCondition
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +36,21 @@ BASE_COLUMNS = (
     "example_id", "rollout_idx", "prompt", "completion", "answer", "task", "info", "reward",
     "error", "is_truncated", "stop_condition", "timing",
 )  # fmt: skip
+
+
+class ResultsWriteError(VfkitError, OSError):
+    """results.jsonl or metadata.json could not be written (a full disk, a lost permission).
+
+    `unsaved`: finished rollouts whose rows were not written (they run again on --resume).
+    """
+
+    def __init__(self, path: Path, cause: OSError, unsaved: int = 0) -> None:
+        lost = f"; {unsaved} finished rollouts were not saved and will run again" if unsaved else ""
+        super().__init__(
+            f"cannot write {path}: {cause.strerror or cause}{lost}. Free space (or fix the "
+            f"folder's permissions), then continue with --resume {path.parent}"
+        )
+        self.errno, self.path, self.unsaved = cause.errno, path, unsaved
 
 
 def _jsonable(value: Any) -> Any:
@@ -54,6 +71,18 @@ def _jsonable(value: Any) -> Any:
 def metric_column(name: str) -> str:
     """The results column for reward function `name`."""
     return f"metric_{name}" if name in BASE_COLUMNS else name
+
+
+def check_state_columns(columns: list[str], metric_names: list[str] = ()) -> None:
+    """ConfigError naming -C for a state column that every row already has (it was ignored)."""
+    taken = {*BASE_COLUMNS, *(metric_column(m) for m in metric_names)}
+    clash = [c for c in columns if c in taken]
+    if clash:
+        raise ConfigError(
+            f"-C/--state-columns: {', '.join(map(repr, clash))} is already a column of every "
+            f"row (fixed columns: {', '.join(BASE_COLUMNS)}; plus one per reward function); "
+            "leave it out"
+        )
 
 
 def state_to_row(state: State, rollout_idx: int, state_columns: list[str] = ()) -> dict[str, Any]:
@@ -77,6 +106,29 @@ def state_to_row(state: State, rollout_idx: int, state_columns: list[str] = ()) 
     for column in state_columns:
         row.setdefault(column, state.get(column))
     return _jsonable(row)
+
+
+def check_writable_folder(folder: Path, flag: str) -> None:
+    """ConfigError naming `flag` unless `folder` is, or can be made, a folder vf-eval can write.
+
+    Tried by making and removing a temporary folder in its nearest existing ancestor, so that
+    nothing is left behind and a bad -o is refused before a server is started or contacted.
+    """
+    folder = Path(folder).expanduser().absolute()
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(
+            f"{flag}: {existing} is a file, so {folder} cannot be a folder; pass a folder path"
+        )
+    try:
+        tempfile.TemporaryDirectory(dir=existing).cleanup()
+    except OSError as exc:
+        raise ConfigError(
+            f"{flag}: cannot create or write {folder} ({exc.strerror or exc}); pass a folder "
+            "you can write to"
+        ) from None
 
 
 def _parse_row(line: bytes) -> tuple[dict[str, Any] | None, str]:
@@ -153,8 +205,11 @@ class ResultsWriter:
         self.save_every = save_every
         self._pending: list[bytes] = []
         self._pending_rows = 0
-        run_dir.mkdir(parents=True, exist_ok=True)
-        self.path.touch()
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            self.path.touch()
+        except OSError as exc:
+            raise ResultsWriteError(self.path, exc) from None
 
     def add_group(self, rows: list[dict[str, Any]]) -> bool:
         """Queue one group's rows; write them once `save_every` rollouts wait (True: written)."""
@@ -167,28 +222,48 @@ class ResultsWriter:
         return True
 
     def flush(self) -> None:
-        """Append everything queued in one write, then fsync (a kill leaves whole groups)."""
+        """Append everything queued in one write, then fsync (a kill leaves whole groups).
+
+        A write that fails (ENOSPC...) is cut off again, so no torn line stays in the middle of
+        the file; the queued rows are dropped and ResultsWriteError says how many.
+        """
         if not self._pending:
             return
         data = b"".join(self._pending)
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        unsaved = self._pending_rows
         self._pending.clear()
         self._pending_rows = 0
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise ResultsWriteError(self.path, exc, unsaved) from None
+        try:
+            start = os.fstat(fd).st_size
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, start)
+                raise ResultsWriteError(self.path, exc, unsaved) from None
+        finally:
+            os.close(fd)
 
 
 def write_metadata(run_dir: Path, metadata: dict[str, Any]) -> None:
-    """Write metadata.json atomically (a temp file renamed over the old one)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
+    """Write metadata.json atomically (a temp file renamed over the old one); on failure the
+    old file stays, the temp file is removed, and ResultsWriteError names the file."""
     tmp = run_dir / f".{METADATA_FILE}.tmp"
-    tmp.write_text(json.dumps(_jsonable(metadata), indent=2, ensure_ascii=False) + "\n")
-    os.replace(tmp, run_dir / METADATA_FILE)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(_jsonable(metadata), indent=2, ensure_ascii=False) + "\n")
+        os.replace(tmp, run_dir / METADATA_FILE)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise ResultsWriteError(run_dir / METADATA_FILE, exc) from None
 
 
 def read_metadata(run_dir: Path) -> dict[str, Any]:
@@ -214,31 +289,52 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), statistics.pstdev(values) if len(values) > 1 else 0.0
 
 
+def rollout_failed(row: dict[str, Any]) -> bool:
+    """True when the rollout itself failed: it has no reward, so no mean counts it (a reward
+    function's error still scores its row)."""
+    return row.get("stop_condition") == StopCondition.ERROR.value
+
+
 @dataclass
 class Summary:
-    """Aggregates over the rows of a run: reward and each metric, overall and per rollout index."""
+    """Aggregates over the rows of a run: reward and each metric, overall and per rollout index.
+
+    Means are over the scored rows only: a rollout that failed (`rollout_failed`) is saved with
+    its error and counted in `failed`, never averaged in as a reward of 0.
+    """
 
     num_rollouts: int = 0
-    errors: int = 0
+    failed: int = 0  # rows whose rollout failed: left out of every mean
+    errors: int = 0  # rows with an error (failed rollouts and reward functions that raised)
     truncated: int = 0
+    prompt_too_long: int = 0
     columns: dict[str, tuple[float, float]] = field(default_factory=dict)  # name -> (mean, std)
     by_rollout_idx: dict[str, dict[int, float]] = field(default_factory=dict)  # name -> idx -> mean
+
+    @property
+    def scored(self) -> int:
+        """Rows the means are over."""
+        return self.num_rollouts - self.failed
 
     @classmethod
     def of(cls, rows: list[dict[str, Any]], metric_names: list[str]) -> Summary:
         """Summarize `rows`; `metric_names` are the reward functions' names."""
         summary = cls(
             num_rollouts=len(rows),
+            failed=sum(1 for r in rows if rollout_failed(r)),
             errors=sum(1 for r in rows if r.get("error")),
             truncated=sum(1 for r in rows if r.get("is_truncated")),
+            prompt_too_long=sum(
+                1 for r in rows if r.get("stop_condition") == StopCondition.PROMPT_TOO_LONG.value
+            ),
         )
+        scored = [r for r in rows if not rollout_failed(r)]
         for name in ["reward", *(metric_column(m) for m in metric_names)]:
-            values = [float(r[name]) for r in rows if isinstance(r.get(name), int | float)]
-            summary.columns[name] = _mean_std(values)
+            valued = [r for r in scored if isinstance(r.get(name), int | float)]
+            summary.columns[name] = _mean_std([float(r[name]) for r in valued])
             per_idx: dict[int, list[float]] = defaultdict(list)
-            for r in rows:
-                if isinstance(r.get(name), int | float):
-                    per_idx[r["rollout_idx"]].append(float(r[name]))
+            for r in valued:
+                per_idx[r["rollout_idx"]].append(float(r[name]))
             summary.by_rollout_idx[name] = {
                 i: statistics.fmean(v) for i, v in sorted(per_idx.items())
             }

@@ -60,6 +60,8 @@ def apply_resumed_settings(cfg: EvalConfig) -> Path:
         given = getattr(cfg, attr)
         if given is None or given == {}:
             setattr(cfg, attr, recorded if recorded is not None else given)
+        elif attr == "num_examples" and given == -1:
+            pass  # "all of them": checked against the run's count once the dataset is loaded
         elif recorded is not None and given != recorded:
             raise ConfigError(
                 f"--resume: {flag} is {given!r} here but {recorded!r} in {run_dir}; "
@@ -67,6 +69,8 @@ def apply_resumed_settings(cfg: EvalConfig) -> Path:
             )
     if not cfg.state_columns:
         cfg.state_columns = list(meta.get("state_columns") or [])
+    if cfg.endpoints_path is None and meta.get("endpoints_path"):
+        cfg.endpoints_path = Path(meta["endpoints_path"])  # the registry -m was looked up in
     if cfg.api_base_url is None and meta.get("endpoint_source") == "flag":
         cfg.api_base_url = _recorded_base_url(meta, run_dir)
     try:
@@ -74,3 +78,16 @@ def apply_resumed_settings(cfg: EvalConfig) -> Path:
     except ConfigError as exc:
         raise ConfigError(f"--resume: {run_dir / METADATA_FILE} holds a bad value: {exc}") from None
     return run_dir
+
+
+def check_resumed_examples(run_dir: Path, loaded: int, asked: int | None) -> None:
+    """ConfigError unless the dataset gave as many examples as the resumed run has (`-n -1`
+    is accepted when that is all of them; a dataset that changed size is caught here too)."""
+    recorded = read_metadata(run_dir).get("num_examples")
+    if not isinstance(recorded, int) or recorded == loaded:
+        return
+    flag = "-n -1 (all examples)" if asked == -1 else f"-n {asked}"
+    raise ConfigError(
+        f"--resume: {flag} gives {loaded} examples here, but {run_dir} ran {recorded}; leave -n "
+        "out to continue that run (or the environment's dataset changed: start a new run)"
+    )

@@ -20,6 +20,7 @@ from typing import Any
 from rich.console import Console
 
 import vfkit
+from vfkit.client.sampling import drop_sampling_keys
 from vfkit.errors import ConfigError, VfkitError
 from vfkit.evaluation.config import (
     DEFAULT_MODEL,
@@ -33,11 +34,14 @@ from vfkit.evaluation.failures import FailureTally, ServerStoppedAnswering
 from vfkit.evaluation.recorder import RunRecorder
 from vfkit.evaluation.results import (
     RESULTS_FILE,
+    ResultsWriteError,
+    check_state_columns,
+    check_writable_folder,
     completed_rollouts,
     load_results,
     read_metadata,
 )
-from vfkit.evaluation.resume import apply_resumed_settings
+from vfkit.evaluation.resume import apply_resumed_settings, check_resumed_examples
 from vfkit.evaluation.target import Target, open_target
 from vfkit.evaluation.urls import redact_url
 from vfkit.runlock import RunLock
@@ -107,8 +111,12 @@ async def _generate(
             )
 
 
-def build_metadata(cfg: EvalConfig, target: Target, run_id: str, n: int, r: int) -> dict:
-    """The fixed part of metadata.json: what ran, against what, with which settings."""
+def build_metadata(cfg: EvalConfig, env: Any, target: Target, run_id: str, n: int, r: int) -> dict:
+    """The fixed part of metadata.json: what ran, against what, with which settings.
+
+    `sampling_args` are the flags' (what --resume pins); `sampling_args_sent`, what requests
+    carry: the environment's own under the flags (before per-rollout seeds, the token-id and
+    logprob switches, and a max_tokens cut to fit the context)."""
     now = datetime.now()
     return {
         "env_id": cfg.env_id,
@@ -117,9 +125,12 @@ def build_metadata(cfg: EvalConfig, target: Target, run_id: str, n: int, r: int)
         "served_model": target.model,
         "base_url": redact_url(target.base_url),  # a password in -b is never written down
         "endpoint_source": target.source,
+        # so that --resume finds a registry entry without -e (absolute: any working folder)
+        "endpoints_path": str(target.registry_path.resolve()) if target.registry_path else None,
         "num_examples": n,
         "rollouts_per_example": r,
         "sampling_args": cfg.sampling_args,
+        "sampling_args_sent": env.merge_sampling_args(cfg.sampling_args),
         "max_concurrent": cfg.max_concurrent,
         "state_columns": cfg.state_columns,
         "run_id": run_id,
@@ -149,6 +160,7 @@ def _load(cfg: EvalConfig) -> tuple[Any, list[dict[str, Any]], int]:
         ) from None
     # the environment wraps the client with its own timeout/retries: make those the flags'
     env.timeout, env.max_retries = cfg.timeout, cfg.max_retries
+    unset_sampling_keys(env, cfg.sampling_args)
     defaults = {
         "num_examples": DEFAULT_NUM_EXAMPLES,
         "rollouts_per_example": DEFAULT_ROLLOUTS_PER_EXAMPLE,
@@ -160,6 +172,15 @@ def _load(cfg: EvalConfig) -> tuple[Any, list[dict[str, Any]], int]:
     for i, row in enumerate(inputs):
         row.setdefault("example_id", i)
     return env, inputs, r
+
+
+def unset_sampling_keys(env: Any, args: dict[str, Any]) -> None:
+    """A null in -S unsets that key: the environment's own value is dropped, so the request
+    goes without it (`-S '{"max_tokens": null}'`: no limit but the server's)."""
+    extra = args.get("extra_body") if isinstance(args.get("extra_body"), dict) else {}
+    unset = [k for k, v in (*args.items(), *extra.items()) if v is None]
+    if unset:
+        env.sampling_args = drop_sampling_keys(env.sampling_args, unset)
 
 
 def _reward_names(env: Any) -> list[str]:
@@ -188,18 +209,28 @@ def _run(
         markup=False,
         soft_wrap=True,
     )
-    status = "interrupted"
     try:
         with EvalProgress(console, total, len(recorder.rows)) as recorder.progress:
             asyncio.run(_generate(env, inputs, todo, target, cfg, recorder.on_group))
-        status = recorder.final_status()
-    except ServerStoppedAnswering:
-        status = "incomplete"
+    except BaseException as exc:
+        # rows are missing (no answer, or not written): --resume runs them; else interrupted
+        stopped = isinstance(exc, ServerStoppedAnswering | ResultsWriteError)
+        _finish(recorder, "incomplete" if stopped else "interrupted", console, unwinding=True)
         raise
-    finally:
+    _finish(recorder, recorder.final_status(), console, unwinding=False)
+
+
+def _finish(recorder: RunRecorder, status: str, console: Console, *, unwinding: bool) -> None:
+    """Write the final metadata.json. While another error unwinds, a failure to write it is
+    only printed: the first error (and its advice) is the one the user must see."""
+    try:
         recorder.save_metadata(status)
-        if status not in ("completed", "failed") and recorder.run_dir is not None:
-            console.print(f"Stopped early: continue with --resume {recorder.run_dir}", markup=False)
+    except ResultsWriteError as exc:
+        if not unwinding:
+            raise
+        console.print(f"metadata.json was not updated either: {exc}", markup=False)
+    if status not in ("completed", "failed") and recorder.run_dir is not None:
+        console.print(f"Stopped early: continue with --resume {recorder.run_dir}", markup=False)
 
 
 def _run_missing(
@@ -224,7 +255,7 @@ def _run_missing(
             console.print(f"Run folder: {run_dir}", markup=False, soft_wrap=True)
             recorder.open(run_dir)
         run_id = run_dir.name if run_dir is not None else uuid.uuid4().hex[:6]
-        recorder.meta = build_metadata(cfg, target, run_id, len(inputs), r)
+        recorder.meta = build_metadata(cfg, env, target, run_id, len(inputs), r)
         if cfg.resume and run_dir is not None:  # keep when the run first started
             first = read_metadata(run_dir)
             recorder.meta.update(date=first.get("date"), time=first.get("time"),
@@ -245,17 +276,34 @@ def run_eval(cfg: EvalConfig, console: Console | None = None) -> Path | None:
             run_dir = apply_resumed_settings(cfg)
             locks.enter_context(RunLock(run_dir))  # a second --resume of this run stops here
         env, inputs, r = _load(cfg)
+        if run_dir is not None:
+            check_resumed_examples(run_dir, len(inputs), cfg.num_examples)
+        if cfg.save_results:  # a bad -o is refused before a server is started or contacted
+            check_writable_folder(run_dir or cfg.output_dir,
+                                  "--resume" if run_dir else "-o/--output-dir")
         if cfg.api_base_url is None:  # with -b and no -m, the server says which model it serves
             cfg.model = cfg.model or DEFAULT_MODEL
         if cfg.save_results and run_dir is None and cfg.model:
             run_dir = new_run_dir(cfg.output_dir, cfg.env_id or "", cfg.model)
         prior = load_results(run_dir / RESULTS_FILE, repair=True) if cfg.resume and run_dir else []
         todo = plan_groups(inputs, r, completed_rollouts(prior))
+        check_state_columns(cfg.state_columns, _reward_names(env))  # a reward's column too
         recorder = RunRecorder(cfg, todo, prior, _reward_names(env), expected=len(inputs) * r)
-        if todo:
-            run_dir = _run_missing(cfg, env, inputs, r, run_dir, recorder, locks, console)
-        else:
-            console.print("Nothing left to run: every rollout is already in the results.")
+        try:
+            if todo:
+                run_dir = _run_missing(cfg, env, inputs, r, run_dir, recorder, locks, console)
+            else:
+                console.print("Nothing left to run: every rollout is already in the results.")
+        except (ServerStoppedAnswering, ResultsWriteError):
+            _summarize(recorder, r, recorder.run_dir or run_dir, cfg)  # what was saved
+            raise
+    _summarize(recorder, r, run_dir, cfg)
+    recorder.raise_unless_usable()  # errors are not results: missing or unscored runs fail
+    return run_dir
+
+
+def _summarize(recorder: RunRecorder, r: int, run_dir: Path | None, cfg: EvalConfig) -> None:
+    """The summary of every saved row (this session's and a resumed run's) on stdout."""
     print_summary(
         Console(),
         recorder.summary(),
@@ -263,6 +311,5 @@ def run_eval(cfg: EvalConfig, console: Console | None = None) -> Path | None:
         rollouts_per_example=r,
         seed=str(run_dir or cfg.env_id),
         run_dir=run_dir,
+        no_answer=recorder.failures.count,
     )
-    recorder.raise_unless_usable()  # errors are not results: missing or unscored runs fail
-    return run_dir

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 from rich.console import Console
@@ -44,6 +45,9 @@ class Target:
     source: str  # "flag" | "registry" | "embedded" | "openai"
     headers: dict[str, str] = field(default_factory=dict)
     served_models: list[str] = field(default_factory=list)
+    origin: str = "-b/--api-base-url"  # where the URL was given, named in errors
+    registry_path: Path | None = None  # the endpoint registry it came from (source "registry")
+    model_origin: str = "-m/--model"  # where the model name was given, named in errors
 
 
 def api_key_from_env(var: str | None, url: str, *, where: str) -> str:
@@ -66,31 +70,73 @@ def api_key_from_env(var: str | None, url: str, *, where: str) -> str:
     )
 
 
-def probe(base_url: str, api_key: str, headers: dict[str, str], timeout: float) -> list[str]:
-    """GET {base_url}/models fast: unreachable or key refused -> ServerError; returns model ids."""
-    url = base_url.rstrip("/") + "/models"
+def probe(base_url: str, api_key: str, headers: dict[str, str], timeout: float,
+          origin: str = "-b/--api-base-url") -> list[str]:
+    """GET {base_url}/models fast; returns the model ids it lists ([] when it lists none).
+
+    Unreachable or key refused -> ServerError; a 404 where {base_url}/v1 would answer ->
+    ConfigError naming `origin` (where the URL was given) and the URL to pass instead.
+    """
     shown = redact_url(base_url)  # a password in the URL is never echoed
     auth = {"Authorization": f"Bearer {api_key}", **headers}
     wait = min(timeout / 2, PROBE_TIMEOUT_S)  # an unreachable server is reported well in time
     try:
-        resp = httpx.get(url, headers=auth, timeout=wait)
+        resp = httpx.get(base_url.rstrip("/") + "/models", headers=auth, timeout=wait)
     except httpx.TransportError as exc:
         reason = f"no answer within {wait:g} s" if isinstance(exc, httpx.TimeoutException) else exc
         reason = redact_url(str(reason))
         raise ServerError(
             f"cannot reach {shown} ({type(exc).__name__}: {reason}). Is a server running "
-            "at that address? Check -b/--api-base-url (it usually ends in /v1)"
+            f"at that address? Check {origin} (it usually ends in /v1)"
         ) from None
     if resp.status_code in (401, 403):
         raise ServerError(
             f"{shown} refused the API key (HTTP {resp.status_code}); check the variable "
             "named by -k/--api-key-var (or the registry entry's `key`)"
         )
+    if resp.status_code == 404:
+        _check_v1_suffix(base_url, auth, wait, origin)
     if resp.status_code != 200:
         return []  # some servers have no /models route: the requests themselves will tell
     with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
         return [m["id"] for m in resp.json()["data"]]
     return []
+
+
+def _check_v1_suffix(base_url: str, auth: dict[str, str], wait: float, origin: str) -> None:
+    """After a 404 on {base_url}/models: a ConfigError when {base_url}/v1 is the API's root.
+
+    Only a URL without /v1 is questioned, and it is refused only when /v1 answers: some
+    proxies have no /models route at all, and their URLs must keep working.
+    """
+    if urlsplit(base_url).path.rstrip("/").endswith("/v1"):
+        return
+    fixed = base_url.rstrip("/") + "/v1"
+    shown = redact_url(base_url)
+    try:
+        answers = httpx.get(fixed + "/models", headers=auth, timeout=wait).status_code == 200
+    except httpx.TransportError:
+        answers = False
+    if answers:
+        raise ConfigError(
+            f"{origin}: {shown} has no /models route (HTTP 404), but {redact_url(fixed)} "
+            f"answers: does the URL end in /v1? Pass {redact_url(fixed)}"
+        )
+    log.warning("%s/models answered 404: does the URL end in /v1? (%s; requests that get 404 "
+                "too are not saved, and the run stops)", shown, origin)
+
+
+def check_served(target: Target) -> None:
+    """ConfigError when the server lists its models and `target.model` is not one of them."""
+    served = target.served_models
+    if not served or target.model in served:
+        return
+    listed = ", ".join(repr(m) for m in served[:20]) + (" ..." if len(served) > 20 else "")
+    raise ConfigError(
+        f"{target.model_origin}: {redact_url(target.base_url)} does not serve model "
+        f"{target.model!r}; it serves {listed}. Pass one of those (with -b and no -m, vf-eval "
+        "uses the first)"
+    )
 
 
 def _served_base_model(ids_and_parents: list[dict[str, Any]], wanted: str) -> str:
@@ -146,7 +192,9 @@ def open_target(cfg: EvalConfig, console: Console, log_path: Path | None) -> Ite
     elif endpoint := find_endpoint(model, cfg.endpoints_path, default_path=DEFAULT_ENDPOINTS):
         var = cfg.api_key_var or endpoint.key
         key = api_key_from_env(var, endpoint.url, where=f"endpoint {endpoint.id!r}")
-        target = Target(endpoint.url, endpoint.model, key, "registry", dict(cfg.headers))
+        target = Target(endpoint.url, endpoint.model, key, "registry", dict(cfg.headers),
+                        origin=f"the url of {endpoint.origin()}", registry_path=endpoint.path,
+                        model_origin=f"-m {endpoint.id}: the model of {endpoint.origin()}")
     else:
         local, why_not = _resolve_local(model, console)
         if local is not None:
@@ -161,11 +209,11 @@ def open_target(cfg: EvalConfig, console: Console, log_path: Path | None) -> Ite
                 "configs/endpoints.toml (or -e FILE), or set OPENAI_API_KEY to use the OpenAI API"
             )
         key = api_key_from_env(cfg.api_key_var, OPENAI_URL, where="-k/--api-key-var")
-        target = Target(OPENAI_URL, model, key, "openai", dict(cfg.headers))
-    target.served_models = probe(target.base_url, target.api_key, target.headers, cfg.timeout)
+        target = Target(OPENAI_URL, model, key, "openai", dict(cfg.headers),
+                        origin="the OpenAI API (no -b, and -m is not in the registry)")
+    target.served_models = probe(target.base_url, target.api_key, target.headers, cfg.timeout,
+                                 target.origin)
     if not target.model:  # -b without -m: ask for the (first) model the server lists
         target.model = target.served_models[0] if target.served_models else DEFAULT_MODEL
-    elif target.served_models and target.model not in target.served_models:
-        log.warning("%s does not list model %r (it serves %s)", redact_url(target.base_url),
-                    target.model, ", ".join(target.served_models[:5]))
+    check_served(target)
     yield target
