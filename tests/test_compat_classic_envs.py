@@ -57,7 +57,7 @@ EXPECTED_REWARDS = {
 @pytest.mark.parametrize("env_id", ENV_IDS)
 def test_vf_eval_runs_a_classic_environment(env_id: str, tmp_path: Path) -> None:
     with TestServer(RESPONDERS[env_id]()) as srv:
-        done = run_cli("vfkit.cli.eval", env_id, "-b", srv.base_url, "-m", "tiny", "-n", "2",
+        done = run_cli("vfkit.cli.eval", env_id, "-b", srv.base_url, "-m", "test-model", "-n", "2",
                        "-r", "3", "-t", "200", "-c", "1", "-o", str(tmp_path))
     assert done.returncode == 0, done.stderr
     [results] = tmp_path.glob("*/*/results.jsonl")
