@@ -80,3 +80,23 @@ def test_an_orchestrator_given_no_sampling_args_layers_them_as_training_does(
         bodies = list(srv.requests)
     assert bodies and all(b["temperature"] == 0.5 for b in bodies)  # the env's own
     assert all(b["max_tokens"] == 8 and b["top_k"] == 3 for b in bodies)  # config, env
+
+
+def test_an_env_limit_spelled_max_completion_tokens_is_the_one_the_loss_uses(
+    tiny_model_path: Path,
+) -> None:
+    import train_testing
+
+    spelled = 'env.args.sampling_args={max_completion_tokens = 6}'
+    cfg = train_testing.tiny_config(tiny_model_path, Path("/tmp"), "http://x/v1", spelled,
+                                    "trainer.args.max_tokens=8")
+    env, _ = load_envs(cfg)
+    resolved, sampling = with_rollout_sampling(cfg, env)  # the config's 8 wins: one limit sent
+    assert sampling.get("max_tokens") == 8 and "max_completion_tokens" not in sampling
+    from vfkit.train.config_loader import parse_config
+
+    silent = parse_config(f'model = "{tiny_model_path}"\n[env]\nid = "train-letter-a"\n',
+                          overrides=[spelled])  # no max_tokens in the config
+    resolved, sampling = with_rollout_sampling(silent, env)
+    assert sampling["max_completion_tokens"] == 6 and "max_tokens" not in sampling
+    assert resolved.trainer.args.max_tokens == 6  # what the loss normalises by

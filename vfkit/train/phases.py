@@ -178,6 +178,8 @@ def with_rollout_sampling(cfg: RunConfig, env: Any) -> tuple[RunConfig, Sampling
     a = cfg.trainer.args
     sampling = a.rollout_sampling_args(env.sampling_args)
     update = {k: sampling[k] for k in ("temperature", "max_tokens") if k in sampling}
+    if "max_completion_tokens" in sampling:  # the env's limit in the other spelling
+        update["max_tokens"] = sampling["max_completion_tokens"]
     trainer = cfg.trainer.model_copy(update={"args": a.model_copy(update=update)})
     return cfg.model_copy(update={"trainer": trainer}), sampling
 
