@@ -462,3 +462,22 @@ def test_classic_state_keys_input_client_model_and_per_rollout_tools() -> None:
     assert [m["content"] for m in state["completion"]][:2] == ["move", "opponent: move"]
     assert not any(b.get("tools") for b in bodies)  # state["oai_tools"] = None was honoured
     assert "client" not in state  # a live object is not kept in the results
+
+
+class FlakyGame(vf.MultiTurnEnv):
+    """env_response raises for one of the two examples."""
+
+    async def env_response(self, messages, state, **kwargs):
+        if state["answer"] == "bad":
+            raise RuntimeError("the game engine crashed")
+        return [{"role": "user", "content": "again"}]
+
+
+def test_classic_metadata_leaves_failed_rollouts_out_of_the_average() -> None:
+    """A crashed rollout's reward 0 was averaged in (avg 0.5 where every rollout that ran got 1)."""
+    rows = [{"question": "q1", "answer": "good"}, {"question": "q2", "answer": "bad"}]
+    env = FlakyGame(dataset=rows, max_turns=2, rubric=vf.Rubric(funcs=[lambda completion: 1.0]))
+    with TestServer("move") as srv:
+        meta = env.evaluate_sync(srv.client(), "m", num_examples=2).metadata
+    assert meta["avg_reward"] == 1.0
+    assert (meta["scored_rollouts"], meta["errored_rollouts"]) == (1, 1)

@@ -14,7 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from vfkit.envs.outputs import GenerateOutputs
-from vfkit.evaluation.results import ResultsWriter, state_to_row, write_metadata
+from vfkit.evaluation.results import (
+    ResultsWriter,
+    rollout_failed,
+    state_to_row,
+    write_metadata,
+)
 from vfkit.types import State
 
 KEYS = ("prompt", "completion", "answer", "state", "task", "info", "example_id", "reward",
@@ -71,9 +76,11 @@ class ResultsSaver:
 def build_metadata(env: Any, model: str, client: Any, states: list[State],
                    sampling_args: dict[str, Any], state_columns: list[str] | None,
                    path: Path | None, elapsed_s: float) -> dict[str, Any]:
-    """Classic metadata: what ran and the average reward / metrics."""
-    rewards = [float(s.get("reward") or 0.0) for s in states]
-    outputs = GenerateOutputs(states=states)
+    """Classic metadata: what ran and the average reward / metrics, over the rollouts that ran
+    (a failed rollout's reward is no result: counted in `errored_rollouts`, as vf-eval does)."""
+    scored = [s for s in states if not rollout_failed(s)]
+    rewards = [float(s.get("reward") or 0.0) for s in scored]
+    outputs = GenerateOutputs(states=scored)
     n_examples = len({s.get("example_id") for s in states}) or 1
     return {
         "env_id": getattr(env, "env_id", None),
@@ -84,7 +91,9 @@ def build_metadata(env: Any, model: str, client: Any, states: list[State],
         "rollouts_per_example": len(states) // n_examples,
         "sampling_args": sampling_args,
         "time_ms": elapsed_s * 1000.0,
-        "avg_reward": sum(rewards) / len(rewards) if rewards else 0.0,
+        "scored_rollouts": len(scored),
+        "errored_rollouts": len(states) - len(scored),
+        "avg_reward": sum(rewards) / len(rewards) if rewards else None,
         "avg_metrics": {k: sum(v) / len(v) for k, v in outputs.metrics.items() if v},
         "state_columns": list(state_columns or []),
         "path_to_save": str(path) if path is not None else None,
