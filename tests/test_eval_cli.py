@@ -181,6 +181,9 @@ def _free_port() -> int:
         (["eval-echo", "-S", "{temperature: 1}"], ["-S/--sampling-args", "not valid JSON"]),
         (["eval-echo", "-a", "[1]"], ["-a/--env-args", "JSON object"]),
         (["eval-echo", "-b", "http://127.0.0.1:9/v1", "-k", "NOT_SET_VAR"], ["NOT_SET_VAR"]),
+        (["eval-echo", "-p", "./environments"], ["-p/--env-dir-path", "vf-install"]),
+        (["eval-echo", "--max-concurrent-generation", "4"],
+         ["--max-concurrent-generation", "-c bounds rollouts"]),
     ],
 )
 def test_user_errors_are_one_clear_line(tmp_path, args, expected):

@@ -59,7 +59,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per model request")
     p.add_argument("--max-retries", type=int, default=3, help="retries per model request")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logs and tracebacks")
+    for flag in CLASSIC_ONLY:  # newer verifiers' flags: a pointer, not "unrecognized"
+        p.add_argument(*flag.split("/"), dest=f"classic_{flag}", nargs="?", const=True,
+                       help=argparse.SUPPRESS)
     return p
+
+
+# flags of verifiers' own vf-eval that vfkit's does not take -> what to do instead
+CLASSIC_ONLY = {
+    "-p/--env-dir-path": "vfkit loads installed environments: vf-install ./my-env (or put its "
+    "folder on PYTHONPATH)",
+    "--max-concurrent-generation": "drop it (verifiers ignores it too); -c bounds rollouts",
+    "--max-concurrent-scoring": "drop it (verifiers ignores it too); -c bounds rollouts",
+    "--header-file": "give each header with --header 'Name: Value'",
+    "--http-max-retries": "use --max-retries",
+}
+
+
+def classic_flag_error(args: argparse.Namespace) -> str | None:
+    """The first verifiers-only flag given, named with what to use in vfkit."""
+    for flag, instead in CLASSIC_ONLY.items():
+        if getattr(args, f"classic_{flag}", None) is not None:
+            return f"{flag} is a flag of verifiers' vf-eval, not vfkit's: {instead}"
+    return None
 
 
 def config_from_args(args: argparse.Namespace) -> EvalConfig:
@@ -103,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of `vf-eval`; returns the exit code (0 ok, 1 error, 130 interrupted)."""
     args = build_parser().parse_args(argv)
     err = Console(stderr=True, soft_wrap=True)  # errors stay on one line, greppable
+    if why := classic_flag_error(args):
+        err.print(f"vf-eval: error: {why}", markup=False, highlight=False)
+        return 1
     # log lines go through the same console, above the live progress bar
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
