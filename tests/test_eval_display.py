@@ -11,7 +11,7 @@ from test_eval_hostile import cli  # noqa: F401 (the in-process vf-eval fixture)
 
 from vfkit.evaluation.display import print_summary
 from vfkit.evaluation.results import Summary
-from vfkit.evaluation.terminal import PrintableLogs, printable
+from vfkit.evaluation.terminal import RewriteLogs, printable
 from vfkit.testing.scripted_server import TestServer
 
 HOSTILE = "ok \x1b[31mRED\x1b[0m \u202eRTL\x07\r"  # colour, bidi override, bell, carriage return
@@ -21,7 +21,7 @@ def test_printable_writes_control_and_bidi_characters_out():
     assert printable(HOSTILE) == "ok \\x1b[31mRED\\x1b[0m \\u202eRTL\\x07\\x0d"
     assert printable("tabs\tand\nnewlines, é, 日本") == "tabs\tand\nnewlines, é, 日本"
     record = logging.LogRecord("x", logging.WARNING, "f", 1, "failed: %s", (HOSTILE,), None)
-    assert PrintableLogs().filter(record) and "\x1b" not in record.getMessage()
+    assert RewriteLogs(printable).filter(record) and "\x1b" not in record.getMessage()
 
 
 def test_the_summary_shows_escapes_instead_of_running_them():

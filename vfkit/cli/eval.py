@@ -28,8 +28,8 @@ from vfkit.evaluation.config import (
     parse_json_object,
     parse_state_columns,
 )
-from vfkit.evaluation.terminal import PrintableLogs, printable
-from vfkit.evaluation.urls import RedactPasswords, redact_text
+from vfkit.evaluation.terminal import RewriteLogs, printable
+from vfkit.evaluation.urls import redact_text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -135,8 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         handlers=[RichHandler(console=err, show_time=False, show_path=False)],
     )
     for handler in logging.getLogger().handlers:
-        handler.addFilter(RedactPasswords())  # a password in -b never reaches the terminal
-        handler.addFilter(PrintableLogs())  # nor a model's escape codes, quoted in an error
+        handler.addFilter(RewriteLogs(redact_text))  # a password in -b never reaches the terminal
+        handler.addFilter(RewriteLogs(printable))  # nor a model's escape codes, quoted in an error
     if args.verbose:
         logging.getLogger("vfkit").setLevel(logging.DEBUG)
     signal.signal(signal.SIGTERM, _terminate)

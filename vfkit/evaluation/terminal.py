@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 
 # C0 controls but tab and newline, DEL, C1 controls, and the bidi marks / embeddings /
 # overrides / isolates (Trojan Source)
@@ -27,12 +28,17 @@ def printable(text: str) -> str:
     return _UNSAFE.sub(_escape, text)
 
 
-class PrintableLogs(logging.Filter):
-    """A logging filter that makes every record's message printable (errors quote outputs)."""
+class RewriteLogs(logging.Filter):
+    """A logging filter that passes every record's message through `rewrite`: `printable`
+    (errors quote model outputs), `urls.redact_text` (httpx logs URLs with passwords)."""
+
+    def __init__(self, rewrite: Callable[[str], str]) -> None:
+        super().__init__()
+        self.rewrite = rewrite
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        safe = printable(message)
-        if safe != message:
-            record.msg, record.args = safe, None
+        rewritten = self.rewrite(message)
+        if rewritten != message:
+            record.msg, record.args = rewritten, None
         return True

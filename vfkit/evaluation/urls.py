@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import logging
 import re
 from urllib.parse import urlsplit
 
@@ -62,14 +61,3 @@ def is_openai_api(url: str) -> bool:
     except ValueError:
         return False
     return parts.scheme == "https" and (parts.hostname or "").lower() == OPENAI_API_HOST
-
-
-class RedactPasswords(logging.Filter):
-    """A logging filter that removes URL passwords from every record (httpx logs its URLs)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        redacted = redact_text(message)
-        if redacted != message:
-            record.msg, record.args = redacted, None
-        return True
