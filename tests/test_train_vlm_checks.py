@@ -103,3 +103,26 @@ def test_a_vlm_under_transformers_4_is_refused_by_name_in_trainer_and_server(
         with pytest.raises(VfkitError, match=r"vision-language model.*4\.57\.6.*transformers>=5"):
             load()
     assert load_processor(tiny_model_path) is not None  # a text model loads on 4.57 as on 5
+
+
+def test_local_file_images_are_read_from_the_servers_allowed_folder(
+    vlm_path: Path, tmp_path: Path
+) -> None:
+    """Trainer and server read file:// images from the same allowed folder: the preflight and
+    the dataset filter allowed none, so a run on local images could not start."""
+    media = tmp_path / "media"
+    media.mkdir()
+    files = f'env.args={{files_dir = "{media}"}}'
+    allowed = f'inference.args={{allowed_local_media_path = "{media}"}}'
+    assert failed(checks(vlm_path, tmp_path, files, allowed)) == []
+    (bad,) = failed(checks(vlm_path, tmp_path, files))
+    assert "outside the allowed local media directories" in bad.detail
+    import train_testing
+
+    from vfkit.train.phases import load_data
+
+    cfg = train_testing.tiny_config(vlm_path, tmp_path, "http://127.0.0.1:9/v1",
+                                    'env.id="train-image-colour"', "trainer.args.batch_size=8",
+                                    files, allowed)
+    _, rows, _, _ = load_data(cfg, load_processor(vlm_path))
+    assert len(rows) == 8  # measured with their images, none dropped

@@ -9,6 +9,7 @@ that order so that it stays the same with or without them.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,24 +54,28 @@ class DataOrder:
         return [others[int(i)] for i in picked]
 
 
-def prompt_length(tokenizer: Any, prompt: Any) -> int:
+def prompt_length(tokenizer: Any, prompt: Any, media_dirs: Sequence[str] = ()) -> int:
     """Tokens of a prompt as the server will render it (chat template + generation prompt).
 
     `tokenizer` may be a VLM's processor: a prompt with images then counts each image's
-    expanded placeholder tokens, as the server sends them to the model.
+    expanded placeholder tokens, as the server sends them to the model. `media_dirs`: folders
+    its `file://` images may come from (the server's --allowed-local-media-path).
     """
     if isinstance(prompt, str):
         return len(text_tokenizer(tokenizer)(prompt)["input_ids"])
     if is_image_processor(tokenizer):  # the processor's own template, images expanded
-        return ImageInputs(tokenizer).prompt_length(prompt)
+        return ImageInputs(tokenizer, media_dirs).prompt_length(prompt)
     ids = tokenizer.apply_chat_template(
         prompt, tokenize=True, add_generation_prompt=True, return_dict=False
     )
     return len(ids)
 
 
-def dataset_rows(dataset: Any, tokenizer: Any, max_prompt_len: int) -> tuple[list[dict], int]:
-    """Rows as dicts with an example_id, minus prompts over max_prompt_len (returned as count)."""
+def dataset_rows(
+    dataset: Any, tokenizer: Any, max_prompt_len: int, media_dirs: Sequence[str] = ()
+) -> tuple[list[dict], int]:
+    """Rows as dicts with an example_id, minus prompts over max_prompt_len (returned as count);
+    `media_dirs` as for `prompt_length`."""
     rows, dropped = [], 0
     for i, row in enumerate(dataset):
         row = dict(row)
@@ -78,7 +83,7 @@ def dataset_rows(dataset: Any, tokenizer: Any, max_prompt_len: int) -> tuple[lis
         if row.get("example_id") is None:
             row["example_id"] = i
         if not SequenceLimits(max_prompt_len=max_prompt_len).prompt_fits(
-            prompt_length(tokenizer, row["prompt"])
+            prompt_length(tokenizer, row["prompt"], media_dirs)
         ):
             dropped += 1
             continue

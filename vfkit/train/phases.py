@@ -32,7 +32,7 @@ from vfkit.train.placement import inference_server, trainer_on_cpu
 from vfkit.train.policy import resolve_model_dir
 from vfkit.train.resume import require_resumable
 from vfkit.train.rundir import RunDir, open_run_dir, run_dir_of
-from vfkit.train.vision import load_processor
+from vfkit.train.vision import allowed_media_dirs, load_processor
 from vfkit.types import SamplingArgs
 
 
@@ -78,7 +78,8 @@ def _train(
         if saved_batches:
             run_loop(SavedBatches(run, a.max_steps), learner, log, a, state, stop)
         else:
-            rows = dataset_rows(env.get_dataset(), learner.processor, a.max_prompt_len)[0]
+            rows = dataset_rows(env.get_dataset(), learner.processor, a.max_prompt_len,
+                                allowed_media_dirs(cfg))[0]
             with (
                 inference_server(cfg, resolve_model_dir(cfg.model), run) as server,
                 Orchestrator(
@@ -151,7 +152,8 @@ def load_data(cfg: RunConfig, tokenizer: Any) -> tuple[Any, list[dict], Any, lis
     """The training env and rows, and the eval env and its held-out rows (`tokenizer`: or a
     VLM's processor, which measures prompts with their images' tokens)."""
     env, eval_env = load_envs(cfg)
-    rows = dataset_rows(env.get_dataset(), tokenizer, cfg.trainer.args.max_prompt_len)[0]
+    rows = dataset_rows(env.get_dataset(), tokenizer, cfg.trainer.args.max_prompt_len,
+                        allowed_media_dirs(cfg))[0]
     evals = eval_setup(cfg, eval_env, tokenizer)
     return env, rows, evals.get("eval_env", eval_env), evals.get("eval_rows", [])
 
@@ -191,7 +193,7 @@ def eval_setup(cfg: RunConfig, eval_env: Any, tokenizer: Any) -> dict[str, Any]:
         return {}
     dataset = eval_env.get_eval_dataset(n=a.eval_num_examples, seed=a.seed)
     sampling = a.rollout_sampling_args(eval_env.sampling_args)
-    rows = dataset_rows(dataset, tokenizer, a.max_prompt_len)[0]
+    rows = dataset_rows(dataset, tokenizer, a.max_prompt_len, allowed_media_dirs(cfg))[0]
     return {"eval_env": eval_env, "eval_rows": rows, "eval_sampling_args": sampling}
 
 

@@ -22,7 +22,7 @@ from vfkit.train.config import RunConfig
 from vfkit.train.config_fields import module_matches
 from vfkit.train.data import prompt_length
 from vfkit.train.placement import choose_backend, describe_devices, device_ids, flag_args
-from vfkit.train.vision import is_vlm, load_processor, text_tokenizer
+from vfkit.train.vision import allowed_media_dirs, is_vlm, load_processor, text_tokenizer
 
 
 @dataclass
@@ -228,7 +228,7 @@ def check_environment(cfg: RunConfig, info: ModelInfo | None) -> tuple[Check, in
     lengths = []
     for row, prompt in enumerate(dataset["prompt"]):
         try:  # a VLM's processor counts each image's expanded placeholder tokens
-            lengths.append(prompt_length(info.tokenizer, prompt))
+            lengths.append(prompt_length(info.tokenizer, prompt, allowed_media_dirs(cfg)))
         except ImageError as exc:
             return Check("environment", False,
                          f"env.id = {cfg.env.id!r}: a prompt image: {exc}"), None
