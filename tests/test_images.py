@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
 from vfkit.images import (
+    MAX_IMAGE_FILE_BYTES,
     MAX_IMAGE_PIXELS,
     ImageError,
     image_part,
@@ -67,3 +69,44 @@ def test_an_oversized_image_is_refused_before_decoding() -> None:
     Image.new("1", (side, side)).save(buf, format="PNG")  # a few KB on disk, 40M+ pixels
     with pytest.raises(ImageError, match="downscale"):
         load_image(to_data_url(buf.getvalue()))
+
+
+def test_thin_images_fifos_and_huge_files_are_refused_without_reading_them(tmp_path) -> None:
+    with pytest.raises(ImageError, match="more than 200 times longer"):
+        load_image(to_data_url(Image.new("L", (200_001, 1))))  # a processor makes it gigabytes
+    fifo = tmp_path / "fifo.png"
+    os.mkfifo(fifo)  # reading it would block forever (and every request behind it)
+    with pytest.raises(ImageError, match="not a regular file"):
+        load_image(str(fifo), allowed_local_dirs=[tmp_path])
+    huge = tmp_path / "huge.png"
+    with huge.open("wb") as f:
+        f.truncate(MAX_IMAGE_FILE_BYTES + 1)
+    with pytest.raises(ImageError, match="more than the"):
+        load_image(str(huge), allowed_local_dirs=[tmp_path])
+
+
+def test_file_urls_are_parsed_as_urls_and_schemes_ignore_case(tmp_path) -> None:
+    folder = tmp_path / "with space"
+    folder.mkdir()
+    _png(colour=(1, 2, 3)).save(folder / "a b.png")
+    uri = (folder / "a b.png").as_uri()  # file:///.../with%20space/a%20b.png
+    assert load_image(uri, allowed_local_dirs=[tmp_path]).getpixel((0, 0)) == (1, 2, 3)
+    localhost = uri.replace("file://", "FILE://localhost")
+    assert load_image(localhost, allowed_local_dirs=[tmp_path]).size == (5, 3)
+    with pytest.raises(ImageError, match="another host"):
+        load_image(uri.replace("file://", "file://server"), allowed_local_dirs=[tmp_path])
+    with pytest.raises(ImageError, match="not fetched"):
+        load_image("HTTPS://example.com/cat.png")
+    upper = to_data_url(_png()).replace("data:", "DATA:", 1)
+    assert load_image(upper).size == (5, 3)
+
+
+def test_pil_modes_png_cannot_store_are_converted_and_jpegs_stay_jpegs() -> None:
+    cmyk = Image.new("CMYK", (4, 4), (0, 255, 255, 0))  # red in CMYK
+    assert load_image(to_data_url(cmyk)).getpixel((0, 0))[0] > 200
+    assert load_image(to_data_url(Image.new("F", (4, 4), 3.5))).size == (4, 4)
+    buf = io.BytesIO()
+    _png(size=(64, 48)).save(buf, format="JPEG")
+    photo = Image.open(io.BytesIO(buf.getvalue()))  # as datasets decodes a JPEG column
+    assert to_data_url(photo).startswith("data:image/jpeg;base64,")
+    assert to_data_url(_png()).startswith("data:image/png;base64,")

@@ -6,6 +6,8 @@ Server logprobs are checked against a direct forward of the same model with its 
 
 from __future__ import annotations
 
+import os
+
 import httpx
 import openai
 import pytest
@@ -235,13 +237,20 @@ def test_bad_image_parts_are_400s_naming_the_part(client, media):
         ([user("x", {"type": "image_url", "image_url": {}})], "image_url"),
         ([user("x", {"type": "text", "text": ["not", "a", "string"]})], "must be a string"),
         ([user("x", image_part(Image.new("1", (14000, 13000))))], "exceeds limit"),  # 22 kB PNG
+        # 274 bytes that a processor scaling the short side up made into gigabytes
+        ([user("x", image_part(Image.new("L", (1_000_000, 1))))], "more than 200 times longer"),
+        ([user("x", bad_image(str(media[0] / "fifo.png")))], "not a regular file"),  # no hang
     ]
+    os.mkfifo(media[0] / "fifo.png")
     for messages, words in cases:
         assert_400(client, messages, "messages[0].content[1]", words)
     # in a later message: the index says which
     tool = {"role": "tool", "tool_call_id": "c", "content": [bad_image("http://x/y.png")]}
     assert_400(client, [user("x", ok), {"role": "assistant", "content": "z"}, tool],
                "messages[2].content[0]", "not fetched")  # fmt: skip
+    # the model's placeholder written as text (a model may well write "<image>")
+    assert_400(client, [user("look: <image> here", ok)], "messages[0].content[0]",
+               "image placeholder")  # fmt: skip
     # the fourth image is one too many (--limit-mm-per-prompt '{"image": 3}')
     assert_400(client, [user(ok, ok, "and", ok, ok)], "messages[0].content[4]",
                "4 images", "--limit-mm-per-prompt")  # fmt: skip

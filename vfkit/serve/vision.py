@@ -67,6 +67,27 @@ def request_images(messages: list[dict[str, Any]], policy: MediaPolicy) -> list[
     return images
 
 
+def refuse_placeholder_text(messages: list[dict[str, Any]], placeholder: str | None) -> None:
+    """400 naming the text part that holds the model's image placeholder as plain text (e.g. a
+    model that wrote "<image>"): the processor would count it as an image and refuse the prompt
+    with a message naming no part."""
+    if not placeholder:
+        return
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        parts = [content] if isinstance(content, str) else content or []
+        for j, part in enumerate(parts):
+            text = part if isinstance(part, str) else part.get("text") if isinstance(part, dict) \
+                else None
+            if isinstance(text, str) and placeholder in text:
+                where = f"messages[{i}].content" + ("" if isinstance(content, str) else f"[{j}]")
+                raise APIError(
+                    400, f"{where}: the text contains {placeholder!r}, this model's image "
+                    "placeholder, which would stand for an image; remove it or write it "
+                    "differently", param=where,
+                )
+
+
 def vision_prompt(
     processor: Any,
     req: ChatRequest,
@@ -77,6 +98,7 @@ def vision_prompt(
 ) -> tuple[list[int], VisionInputs | None]:
     """Prompt ids (image tokens expanded) and vision inputs of a chat request (blocking)."""
     images = request_images(req.messages, policy)
+    refuse_placeholder_text(req.messages, getattr(processor, "image_token", None))
     messages = chat_messages(req.messages, images="keep")
     text = render_chat(
         processor.tokenizer, messages, req, trust_templates=trust_templates,
@@ -90,6 +112,11 @@ def vision_prompt(
     except ValueError as exc:  # e.g. the template rendered fewer placeholders than images
         raise APIError(
             400, f"The processor cannot prepare the prompt: {exc}", param="messages"
+        ) from exc
+    except MemoryError as exc:  # refused image sizes aside, a processor may still blow up
+        raise APIError(
+            400, "The processor ran out of memory preparing the prompt's images; send smaller "
+            "images", param="messages",
         ) from exc
     ids = out["input_ids"][0].tolist()
     if not images:
