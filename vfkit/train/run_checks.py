@@ -231,7 +231,7 @@ def check_environment(cfg: RunConfig, info: ModelInfo | None) -> tuple[Check, in
             lengths.append(prompt_length(info.tokenizer, prompt, allowed_media_dirs(cfg)))
         except ImageError as exc:
             return Check("environment", False,
-                         f"env.id = {cfg.env.id!r}: a prompt image: {exc}"), None
+                         f"env.id = {cfg.env.id!r}: row {row}'s prompt image: {exc}"), None
         except (ValueError, TypeError, KeyError) as exc:  # e.g. [] or a message without content
             return Check("environment", False, (
                 f"env.id = {cfg.env.id!r}: row {row}'s prompt {str(prompt)[:80]} cannot be "
