@@ -124,6 +124,31 @@ async def test_reward_function_that_raises_scores_zero_and_is_reported():
     assert all("judge down" in e for e in out.error)
 
 
+@pytest.mark.parametrize("answer", [0, False, "0", 0.0])
+async def test_falsy_answers_reach_reward_functions_unchanged(answer):
+    seen = []
+
+    def record(completion, answer) -> float:
+        seen.append(answer)
+        return 1.0
+
+    env = SingleTurnEnv(dataset=[{"question": "3-3?", "answer": answer}],
+                        rubric=Rubric(funcs=[record]))
+    with TestServer("0") as srv:
+        state = await env.run_rollout(env.get_dataset()[0], srv.client(), "m")
+    assert seen == [answer] and type(seen[0]) is type(answer)
+    assert state["answer"] == answer and state["error"] is None
+
+
+async def test_math_rubric_grades_a_zero_answer():
+    from vfkit.rubrics.math_rubric import MathRubric
+
+    env = SingleTurnEnv(dataset=[{"question": "3-3?", "answer": 0}], rubric=MathRubric())
+    with TestServer(r"\boxed{0}") as srv:
+        state = await env.run_rollout(env.get_dataset()[0], srv.client(), "m")
+    assert state["reward"] == 1.0 and state["error"] is None
+
+
 class FlakyEnv(SingleTurnEnv):
     async def rollout(self, input, client, model, sampling_args):
         if input["example_id"] == 1:

@@ -131,7 +131,7 @@ class Environment:
             "task": row.get("task") or self.env_id or "default",
             "prompt": clean_messages(row["prompt"]),
             "completion": "" if isinstance(row["prompt"], str) else [],
-            "answer": row.get("answer") or "",
+            "answer": "" if row.get("answer") is None else row["answer"],  # 0 / False stay
             "info": parse_info(row.get("info")),
             "reward": None,
             "advantage": None,
