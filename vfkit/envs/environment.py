@@ -38,11 +38,12 @@ from vfkit.client.limits import SequenceLimits
 from vfkit.client.sampling import merge_sampling_args, seed_groups, seed_rollouts, seed_turn
 from vfkit.client.tokens import parse_tokens
 from vfkit.envs.async_utils import error_text, maybe_await, run_sync
-from vfkit.envs.dataset import clean_messages, format_dataset, format_row, parse_info, select
+from vfkit.envs.dataset import format_dataset, format_row, select
 from vfkit.envs.outputs import GenerateOutputs
+from vfkit.envs.state import failed_state, new_state
 from vfkit.envs.trajectory import step_extends
 from vfkit.errors import ConfigError, ContextOverflowError
-from vfkit.types import Message, Messages, SamplingArgs, State, StopCondition, TrajectoryStep
+from vfkit.types import Message, Messages, SamplingArgs, State, TrajectoryStep
 
 __all__ = ["Environment", "GenerateOutputs"]
 
@@ -126,34 +127,11 @@ class Environment:
             row = format_row(dict(input), int(input.get("example_id") or 0),
                              system_prompt=self.system_prompt, few_shot=self.few_shot,
                              message_type=self.message_type, task=self.env_id or "default")
-        return {
-            "example_id": row.get("example_id", 0),
-            "task": row.get("task") or self.env_id or "default",
-            "prompt": clean_messages(row["prompt"]),
-            "completion": "" if isinstance(row["prompt"], str) else [],
-            "answer": "" if row.get("answer") is None else row["answer"],  # 0 / False stay
-            "info": parse_info(row.get("info")),
-            "reward": None,
-            "advantage": None,
-            "metrics": {},
-            "is_truncated": False,
-            "error": None,
-            "timing": {"generation_ms": 0.0, "scoring_ms": 0.0, "total_ms": 0.0},
-            "stop_condition": None,
-            "trajectory": [],
-            "responses": [],
-            "turn": 0,
-        }
+        return new_state(row, self.env_id or "default")
 
     def error_state(self, input: dict[str, Any], error: BaseException) -> State:
         """The state of a rollout that raised before returning one (even from a bad input)."""
-        try:
-            state = self.init_state(input)
-        except Exception:  # the input itself is broken: keep what can be kept
-            state = {**self.init_state({**input, "prompt": []}),
-                     "prompt": input.get("prompt")}
-        state["error"], state["stop_condition"] = error_text(error), StopCondition.ERROR.value
-        return state
+        return failed_state(self.init_state, input, error)
 
     # ----- one model call -----
     def known_prompt_len(self, state: State) -> int | None:
