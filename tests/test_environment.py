@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 
 import pytest
 
@@ -163,6 +164,50 @@ async def test_failed_rollout_is_recorded_and_the_batch_continues():
     assert out.error == [None, "ValueError: sandbox exploded", None]
     assert out.reward == [1.0, 0.0, 1.0]
     assert out.states[1]["stop_condition"] == "error"
+
+
+class ExitingEnv(SingleTurnEnv):
+    """Calls sys.exit (as argparse does on bad input) from the hook named by `where`."""
+
+    def __init__(self, where: str, **kw):
+        super().__init__(**kw)
+        self.where = where
+
+    async def rollout(self, input, client, model, sampling_args):
+        if self.where == "rollout" and input["example_id"] == 1:
+            sys.exit(2)
+        return await super().rollout(input, client, model, sampling_args)
+
+
+def exit_on_1(completion) -> float:
+    if completion[-1]["content"] == "1":
+        sys.exit("grader quit")
+    return 1.0
+
+
+async def async_exit_on_1(completion) -> float:
+    return exit_on_1(completion)
+
+
+def group_exit(completions) -> list[float]:
+    sys.exit(3)
+
+
+@pytest.mark.parametrize(("where", "funcs", "expected"), [
+    ("rollout", [exact], {1: "SystemExit: 2"}),
+    ("reward", [exit_on_1], {1: "reward function exit_on_1 raised SystemExit: grader quit"}),
+    ("reward", [async_exit_on_1],
+     {1: "reward function async_exit_on_1 raised SystemExit: grader quit"}),
+    ("reward", [group_exit], dict.fromkeys(range(3), "reward function group_exit raised "
+                                           "SystemExit: 3")),
+])
+def test_system_exit_in_user_code_is_recorded_and_the_batch_goes_on(where, funcs, expected):
+    env = ExitingEnv(where, dataset=ROWS[:3], rubric=Rubric(funcs=funcs))
+    with TestServer(echo_digit) as srv:
+        out = env.evaluate(srv.client(), "m", num_examples=3)  # blocking, as vf-eval runs it
+    assert out.error == [expected.get(i) for i in range(3)]
+    assert [r for i, r in enumerate(out.reward) if i not in expected] == [1.0] * (3 - len(expected))
+    assert all(out.reward[i] == 0.0 for i in expected)
 
 
 async def test_server_error_without_retries_is_a_rollout_error():

@@ -126,6 +126,18 @@ async def test_env_response_error_is_recorded_with_partial_state():
     assert state["reward"] == 0.0
 
 
+async def test_system_exit_in_env_response_is_a_rollout_error():
+    class Exits(MultiTurnEnv):
+        async def env_response(self, messages, state):
+            raise SystemExit(1)
+
+    env = Exits(dataset=ROWS, max_turns=3)
+    with TestServer("1") as srv:
+        state = await env.run_rollout(env.get_dataset()[0], srv.client(), "m")
+    assert state["error"] == "SystemExit: 1" and state["stop_condition"] == "error"
+    assert state["turn"] == 1 and state["reward"] == 0.0
+
+
 async def test_max_seq_len_caps_max_tokens_and_stops_when_full():
     env = GuessEnv(dataset=ROWS, max_turns=10)
     with TestServer("9" * 10) as srv:

@@ -140,6 +140,23 @@ async def test_tool_call_outcomes_become_tool_messages(reply, expected):
     assert state["error"] is None and state["turn"] == 2
 
 
+def cli(args: str) -> str:
+    """A tool that parses a command line: argparse calls sys.exit(2) on arguments it rejects."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="cli")
+    parser.add_argument("--n", type=int, required=True)
+    return str(parser.parse_args(args.split()).n * 2)
+
+
+async def test_a_tool_that_calls_sys_exit_gets_a_tool_message():
+    env = ToolEnv(tools=[cli], dataset=ROWS)
+    with TestServer([call("cli", {"args": "--m 3"}), "done"]) as srv:
+        state = await env.run_rollout(env.get_dataset()[0], srv.client(), "m")
+    assert state["completion"][1]["content"] == "Error: tool 'cli' raised SystemExit: 2"
+    assert state["completion"][-1]["content"] == "done" and state["error"] is None
+
+
 async def test_several_calls_in_one_message_are_answered_in_order():
     two = Reply(tool_calls=[{"name": "add", "arguments": {"a": 1}},
                             {"name": "add", "arguments": {"a": 1, "b": 9}}])

@@ -8,6 +8,14 @@ import threading
 from collections.abc import Coroutine
 from typing import Any
 
+#: Exceptions that stop work rather than report its failure: always propagated. Any other exception
+#: from user code (a hook, tool or reward function) is that code's failure and is recorded on its
+#: rollout -- SystemExit too (argparse, sys.exit), which would otherwise end the whole batch.
+#: GeneratorExit is how a suspended coroutine is closed: catching it would break that.
+INTERRUPTS: tuple[type[BaseException], ...] = (
+    asyncio.CancelledError, KeyboardInterrupt, GeneratorExit,
+)
+
 
 def error_text(error: BaseException) -> str:
     """How a failure is recorded on a state: "Type: message"."""

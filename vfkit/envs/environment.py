@@ -37,7 +37,7 @@ from vfkit.client.client_config import resolve_client
 from vfkit.client.limits import SequenceLimits
 from vfkit.client.sampling import merge_sampling_args, seed_groups, seed_rollouts, seed_turn
 from vfkit.client.tokens import parse_tokens
-from vfkit.envs.async_utils import error_text, maybe_await, run_sync
+from vfkit.envs.async_utils import INTERRUPTS, error_text, maybe_await, run_sync
 from vfkit.envs.dataset import format_dataset, format_row, select
 from vfkit.envs.outputs import GenerateOutputs
 from vfkit.envs.state import failed_state, new_state
@@ -231,7 +231,9 @@ class Environment:
             else:
                 async with sem:
                     state = await self.rollout(input, client, model, sampling_args)
-        except Exception as e:  # a failed rollout is recorded, never fatal to its group
+        except INTERRUPTS:
+            raise
+        except BaseException as e:  # a failed rollout is recorded, never fatal to its group
             logger.warning("rollout of example %s failed: %s", input.get("example_id"), e)
             state = self.error_state(input, e)
         state["timing"]["generation_ms"] = (time.perf_counter() - start) * 1000
@@ -247,7 +249,9 @@ class Environment:
             else:
                 async with sem:
                     await self.rubric.score_group(states)
-        except Exception as e:  # a broken rubric must not kill the batch either
+        except INTERRUPTS:
+            raise
+        except BaseException as e:  # a broken rubric must not kill the batch either
             for s in states:
                 s["error"] = s.get("error") or f"scoring failed: {error_text(e)}"
                 s["reward"] = 0.0

@@ -26,7 +26,7 @@ from typing import Any
 
 from openai import AsyncOpenAI
 
-from vfkit.envs.async_utils import error_text, maybe_await
+from vfkit.envs.async_utils import INTERRUPTS, error_text, maybe_await
 from vfkit.envs.environment import Environment
 from vfkit.types import Messages, SamplingArgs, State, StopCondition
 
@@ -143,7 +143,9 @@ class MultiTurnEnv(Environment):
                     self.add_model_response(state, prompt, response)
                 elif not state.get("prompt_too_long"):  # no reply must not loop forever
                     self.mark_prompt_too_long(state)
-        except Exception as e:  # recorded on the state with everything gathered so far
+        except INTERRUPTS:
+            raise
+        except BaseException as e:  # recorded with everything gathered so far (SystemExit too)
             logger.warning("rollout of example %s failed: %s", state["example_id"], e)
             state["error"], state["stop_condition"] = error_text(e), StopCondition.ERROR.value
         return state

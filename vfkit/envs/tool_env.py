@@ -30,6 +30,7 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from vfkit.envs.async_utils import INTERRUPTS
 from vfkit.envs.content import move_images_to_user, tool_content
 from vfkit.envs.multiturn_env import MultiTurnEnv, stop
 from vfkit.envs.tool_schema import function_to_tool_schema
@@ -125,7 +126,9 @@ class ToolEnv(MultiTurnEnv):
         try:
             args = parse_tool_arguments(function.get("arguments"))
             content = format_result(await self.call_tool(name, args, messages, state))
-        except Exception as e:
+        except INTERRUPTS:
+            raise
+        except BaseException as e:  # SystemExit too: argparse exits on arguments it rejects
             content = self.format_error(name, e)
         state["tool_calls_made"] = state.get("tool_calls_made", 0) + 1
         return {"role": "tool", "content": content, "tool_call_id": call.get("id", "")}
@@ -142,7 +145,7 @@ class ToolEnv(MultiTurnEnv):
         result = await asyncio.to_thread(tool, **args)
         return await result if inspect.isawaitable(result) else result
 
-    def format_error(self, name: str, error: Exception) -> str:
+    def format_error(self, name: str, error: BaseException) -> str:
         """The text the model sees when its call `name` failed (override to change wording)."""
         if isinstance(error, ToolArgumentError | UnknownToolError):
             return f"Error: {error}"

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from vfkit.envs.async_utils import INTERRUPTS
 from vfkit.parsers.parser import Parser
 from vfkit.rubrics.call import call_with_declared_args, declares_any, func_name
 from vfkit.types import State
@@ -195,7 +196,9 @@ class Rubric:
                 func, {**self.class_objects, **rollout_args(state)}
             )
             score = to_score(value, name)
-        except Exception as exc:
+        except INTERRUPTS:
+            raise
+        except BaseException as exc:  # SystemExit too: one function must not end the batch
             _fail(result, name, exc)
             return
         result.metrics[name] = score
@@ -224,7 +227,9 @@ class Rubric:
                     f"expected a list of {len(live)} scores, one per rollout"
                 )
             scores = [to_score(value, name) for value in values]
-        except Exception as exc:
+        except INTERRUPTS:
+            raise
+        except BaseException as exc:
             for i in live:
                 _fail(results[i], name, exc)
             return
@@ -233,7 +238,7 @@ class Rubric:
             results[i].reward += weight * score
 
 
-def _fail(result: Scores, name: str, exc: Exception) -> None:
+def _fail(result: Scores, name: str, exc: BaseException) -> None:
     """Record a reward function's failure: score 0, one more error, a message for the state."""
     result.metrics[name] = 0.0
     result.metrics[ERRORS_METRIC] = result.metrics.get(ERRORS_METRIC, 0.0) + 1.0
