@@ -210,6 +210,30 @@ def test_system_exit_in_user_code_is_recorded_and_the_batch_goes_on(where, funcs
     assert all(out.reward[i] == 0.0 for i in expected)
 
 
+class CustomRolloutEnv(Environment):
+    """A hand-written rollout(): forgets `return state` on example 1, returns a bare dict else."""
+
+    async def rollout(self, input, client, model, sampling_args):
+        if input["example_id"] == 1:
+            return None
+        reply = await client.chat.completions.create(model=model, messages=input["prompt"])
+        return {"completion": [{"role": "assistant", "content": reply.choices[0].message.content}]}
+
+
+async def test_a_custom_rollout_may_return_a_bare_dict_but_not_none():
+    env = CustomRolloutEnv(dataset=ROWS[:3], rubric=Rubric(funcs=[exact]))
+    with TestServer(echo_digit) as srv:
+        out = await env.generate(env.get_dataset(), srv.client(), "m")
+    assert out.error[1] == ("TypeError: CustomRolloutEnv.rollout() must return the state dict "
+                            "(start from self.init_state(input) and return it filled in); it "
+                            "returned None (NoneType)")
+    assert out.reward == [1.0, 0.0, 1.0] and out.error[0] is None and out.error[2] is None
+    # the bare dicts got the keys they lacked from init_state
+    assert out.answer == ["0", "1", "2"] and out.example_id == [0, 1, 2]
+    assert out.states[2]["timing"]["generation_ms"] > 0 and out.states[2]["prompt"][-1] == (
+        {"role": "user", "content": "q2"})
+
+
 async def test_server_error_without_retries_is_a_rollout_error():
     env = SingleTurnEnv(dataset=ROWS[:2], max_retries=0)
     with TestServer(echo_digit) as srv:

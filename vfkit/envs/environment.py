@@ -40,7 +40,7 @@ from vfkit.client.tokens import parse_tokens
 from vfkit.envs.async_utils import INTERRUPTS, error_text, maybe_await, run_sync
 from vfkit.envs.dataset import format_dataset, format_row, select
 from vfkit.envs.outputs import GenerateOutputs
-from vfkit.envs.state import failed_state, new_state
+from vfkit.envs.state import complete_state, failed_state, new_state
 from vfkit.envs.trajectory import step_extends
 from vfkit.errors import ConfigError, ContextOverflowError
 from vfkit.types import Message, Messages, SamplingArgs, State, TrajectoryStep
@@ -231,6 +231,7 @@ class Environment:
             else:
                 async with sem:
                     state = await self.rollout(input, client, model, sampling_args)
+            state = complete_state(state, input, self.init_state, type(self).__name__)
         except INTERRUPTS:
             raise
         except BaseException as e:  # a failed rollout is recorded, never fatal to its group

@@ -38,6 +38,21 @@ def new_state(row: dict[str, Any], task: str) -> State:
     }
 
 
+def complete_state(
+    returned: Any, input: dict[str, Any], init_state: InitState, owner: str
+) -> State:
+    """The state a custom `rollout()` returned, with the keys it lacks taken from a fresh state
+    (a plain dict of prompt/completion/answer is enough); anything but a dict is an error."""
+    if not isinstance(returned, dict):
+        raise TypeError(
+            f"{owner}.rollout() must return the state dict (start from self.init_state(input) "
+            f"and return it filled in); it returned {returned!r:.80} ({type(returned).__name__})"
+        )
+    for key, value in init_state(input).items():
+        returned.setdefault(key, value)
+    return returned
+
+
 def failed_state(init_state: InitState, input: dict[str, Any], error: BaseException) -> State:
     """The state of a rollout that raised before returning one (even from a bad input)."""
     try:
