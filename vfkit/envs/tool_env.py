@@ -20,6 +20,8 @@ message text and shows the turn's images in one user message after them.
 Every way a call can go wrong — arguments that are not JSON, JSON encoded twice, an unknown
 tool, a missing argument, a tool that raises — becomes a tool message the model sees
 ("Error: ..."), and the rollout goes on: the model gets to recover, as it would in production.
+A `vfkit.errors.RolloutError` is the exception: it is the environment's own failure, not the
+model's, and ends the rollout with that error recorded.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from vfkit.envs.async_utils import INTERRUPTS
 from vfkit.envs.content import move_images_to_user, tool_content
 from vfkit.envs.multiturn_env import MultiTurnEnv, stop
 from vfkit.envs.tool_schema import function_to_tool_schema
-from vfkit.errors import ConfigError
+from vfkit.errors import ConfigError, RolloutError
 from vfkit.types import Message, Messages, State
 
 
@@ -126,7 +128,7 @@ class ToolEnv(MultiTurnEnv):
         try:
             args = parse_tool_arguments(function.get("arguments"))
             content = format_result(await self.call_tool(name, args, messages, state))
-        except INTERRUPTS:
+        except (*INTERRUPTS, RolloutError):  # the environment's failure, not the model's
             raise
         except BaseException as e:  # SystemExit too: argparse exits on arguments it rejects
             content = self.format_error(name, e)

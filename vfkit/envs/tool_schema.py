@@ -24,6 +24,8 @@ import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from vfkit.errors import ConfigError
+
 _SIMPLE = {str: "string", int: "integer", float: "number", bool: "boolean", type(None): "null"}
 _SECTION = re.compile(
     r"^\s*(Args|Arguments|Parameters|Returns|Raises|Yields|Examples?|Notes?):\s*$"
@@ -80,6 +82,17 @@ def parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
     return "\n".join(summary).strip(), args
 
 
+def check_skip(name: str, params: Mapping[str, inspect.Parameter], skip: set[str]) -> None:
+    """Hidden argument names must be parameters of the tool (a typo would hide nothing)."""
+    takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    unknown = sorted(skip - set(params))
+    if unknown and not takes_kwargs:
+        raise ConfigError(
+            f"tool {name!r} has no parameter(s) {unknown} to hide (args_to_skip / skip); "
+            f"its parameters are {list(params)}"
+        )
+
+
 def function_to_tool_schema(fn: Callable[..., Any], skip: Iterable[str] = ()) -> dict[str, Any]:
     """The OpenAI `tools` entry for `fn`; parameters named in `skip` are hidden from the model."""
     skip = set(skip)
@@ -90,7 +103,9 @@ def function_to_tool_schema(fn: Callable[..., Any], skip: Iterable[str] = ()) ->
     description, arg_docs = parse_docstring(inspect.getdoc(fn))
     properties: dict[str, Any] = {}
     required: list[str] = []
-    for name, param in inspect.signature(fn).parameters.items():
+    params = inspect.signature(fn).parameters
+    check_skip(fn.__name__, params, skip)
+    for name, param in params.items():
         if name in skip or name in ("self", "cls") or param.kind in (
             param.VAR_POSITIONAL, param.VAR_KEYWORD
         ):
