@@ -305,3 +305,51 @@ def test_a_reward_function_that_never_returns_does_not_keep_the_process_alive(tm
                          timeout=120)  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert "running: ['stuck_judge']" in out.stdout
+
+
+def tagged_answer(parser, completion, answer) -> float:
+    return float(parser.parse_answer(completion) == answer)
+
+
+async def test_a_rubric_without_a_parser_uses_its_environments():
+    from vfkit.envs.singleturn_env import SingleTurnEnv
+    from vfkit.testing.scripted_server import TestServer
+
+    parser = XMLParser(["think", "answer"])
+    env = SingleTurnEnv(dataset=[{"question": "2+2?", "answer": "4"}], parser=parser,
+                        rubric=Rubric(funcs=[tagged_answer]))
+    with TestServer("<think>easy</think><answer>4</answer>") as srv:
+        state = await env.run_rollout(env.get_dataset()[0], srv.client(), "m")
+    assert env.rubric.parser is parser and state["reward"] == 1.0 and state["error"] is None
+
+
+def test_rubric_groups_pass_the_environments_parser_to_rubrics_without_one():
+    from vfkit.envs.singleturn_env import SingleTurnEnv
+    from vfkit.rubrics.rubric_group import RubricGroup
+
+    env_parser, own = XMLParser(["answer"]), XMLParser(["final"], answer_field="final")
+    bare, kept = Rubric(funcs=[tagged_answer]), Rubric(funcs=[half], parser=own)
+    env = SingleTurnEnv(dataset=[{"question": "q", "answer": "4"}], parser=env_parser,
+                        rubric=RubricGroup([bare, kept]))
+    assert bare.parser is env_parser and bare.class_objects["parser"] is env_parser
+    assert kept.parser is own  # a rubric's own parser is never replaced
+    assert env.rubric.parser is env_parser  # the group's: its first rubric's
+
+
+def test_a_rubric_parser_that_differs_from_the_environments_is_warned_about(caplog):
+    from vfkit.envs.singleturn_env import SingleTurnEnv
+    from vfkit.rubrics.math_rubric import MathRubric
+
+    rows = [{"question": "q", "answer": "4"}]
+    parser = XMLParser(["answer"])
+    with caplog.at_level("WARNING", logger="vfkit.rubrics.rubric"):
+        SingleTurnEnv(dataset=rows, parser=parser, rubric=Rubric(funcs=[half], parser=parser))
+        SingleTurnEnv(dataset=rows, parser=parser,  # an equal parser built twice: no warning
+                      rubric=Rubric(funcs=[half], parser=XMLParser(["answer"])))
+        assert caplog.messages == []
+        SingleTurnEnv(dataset=rows, parser=parser, rubric=MathRubric(), env_id="sums")
+    assert caplog.messages == [
+        "sums: the rubric's parser (MaybeThinkParser) differs from the environment's "
+        "(XMLParser); reward functions that declare `parser` get the rubric's. Pass the same "
+        "parser to both, or build the rubric without one to use the environment's"
+    ]

@@ -85,14 +85,14 @@ class Environment:
                "message_type": message_type, "task": env_id or "default"}
         self.dataset = format_dataset(dataset, **fmt)
         self.eval_dataset = format_dataset(eval_dataset, **fmt)
-        if parser is None:
-            from vfkit.parsers.parser import Parser
+        from vfkit.parsers.parser import Parser
+        from vfkit.rubrics.rubric import Rubric, share_parser
 
-            parser = Parser()
+        parser_given, parser = parser is not None, parser if parser is not None else Parser()
         if rubric is None:
-            from vfkit.rubrics.rubric import Rubric
-
             rubric = Rubric(parser=parser)
+        elif parser_given:
+            share_parser(rubric, parser, env_id or type(self).__name__)
         self.parser, self.rubric = parser, rubric
         self.sampling_args = dict(sampling_args or {})
         self.max_seq_len = max_seq_len
