@@ -286,6 +286,19 @@ def test_evaluate_is_a_blocking_wrapper():
     assert len(out) == 6 and out.reward == [1.0] * 6
 
 
+def test_one_client_serves_several_blocking_evaluate_calls(caplog):
+    env = SingleTurnEnv(dataset=ROWS, rubric=Rubric(funcs=[exact]))
+    with TestServer(echo_digit) as srv, caplog.at_level("WARNING"):
+        client = srv.client(max_retries=0)
+        outs = [env.evaluate(client, "m", num_examples=2) for _ in range(3)]
+        # the caller's client is still open, and usable in a loop of the caller's own
+        later = asyncio.run(env.a_evaluate(client, "m", num_examples=1))
+    assert [out.error for out in outs] == [[None, None]] * 3
+    assert [out.reward for out in outs] == [[1.0, 1.0]] * 3 and later.reward == [1.0]
+    assert not client.is_closed()
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
+
+
 async def test_evaluate_inside_a_running_loop_uses_a_thread():
     env = SingleTurnEnv(dataset=ROWS, rubric=Rubric(funcs=[exact]))
     with TestServer(echo_digit) as srv:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import threading
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 #: Exceptions that stop work rather than report its failure: always propagated. Any other exception
@@ -47,3 +48,27 @@ def run_sync(coro: Coroutine[Any, Any, Any]) -> Any:
     if "err" in result:
         raise result["err"]
     return result["out"]
+
+
+@contextlib.asynccontextmanager
+async def own_connections(client: Any) -> AsyncIterator[Any]:
+    """`client`, or (an AsyncOpenAI on openai's default HTTP client) a copy of it with a
+    connection pool of its own, closed on exit.
+
+    A pool belongs to the event loop that opened it. A blocking call (`run_sync`) runs a loop of
+    its own and closes it, so a pool shared with the caller's client would leave that client
+    dead for its next blocking call ("Event loop is closed"). A client built with a custom
+    `http_client` is used as is (its transport settings cannot be copied): reuse it within one
+    event loop, or give each blocking call its own.
+    """
+    from openai import AsyncOpenAI, DefaultAsyncHttpxClient
+
+    http = getattr(client, "_client", None)  # openai's own pool: AsyncHttpxClientWrapper
+    if not isinstance(client, AsyncOpenAI) or type(http).__name__ != "AsyncHttpxClientWrapper":
+        yield client
+        return
+    own = client.copy(http_client=DefaultAsyncHttpxClient())
+    try:
+        yield own
+    finally:
+        await own.close()

@@ -37,7 +37,13 @@ from vfkit.client.client_config import resolve_client
 from vfkit.client.limits import SequenceLimits
 from vfkit.client.sampling import merge_sampling_args, seed_groups, seed_rollouts, seed_turn
 from vfkit.client.tokens import parse_tokens
-from vfkit.envs.async_utils import INTERRUPTS, error_text, maybe_await, run_sync
+from vfkit.envs.async_utils import (
+    INTERRUPTS,
+    error_text,
+    maybe_await,
+    own_connections,
+    run_sync,
+)
 from vfkit.envs.dataset import format_dataset, format_row, select
 from vfkit.envs.outputs import GenerateOutputs
 from vfkit.envs.state import complete_state, failed_state, new_state
@@ -378,5 +384,14 @@ class Environment:
     def evaluate(
         self, client: AsyncOpenAI, model: str, *args: Any, **kwargs: Any
     ) -> GenerateOutputs:
-        """Blocking a_evaluate (runs its own event loop; in a worker thread if one is running)."""
-        return run_sync(self.a_evaluate(client, model, *args, **kwargs))
+        """Blocking a_evaluate (runs its own event loop; in a worker thread if one is running).
+
+        The client's requests go through a connection pool opened for this call (async_utils.
+        own_connections), so the same client works again in the next blocking call.
+        """
+
+        async def run() -> GenerateOutputs:
+            async with own_connections(client) as own:
+                return await self.a_evaluate(own, model, *args, **kwargs)
+
+        return run_sync(run())
