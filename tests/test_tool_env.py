@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import json
+import re
 from enum import Enum
 from typing import Literal
 
 import pytest
 
 from vfkit.envs.tool_env import ToolArgumentError, ToolEnv, parse_tool_arguments
-from vfkit.envs.tool_schema import function_to_tool_schema, parse_docstring
+from vfkit.envs.tool_schema import (
+    argument_validators,
+    function_to_tool_schema,
+    parse_docstring,
+    validate_arguments,
+)
 from vfkit.errors import ConfigError
 from vfkit.testing.scripted_server import Reply, TestServer
 from vfkit.testing.tiny_model import make_tokenizer
@@ -72,6 +78,26 @@ def test_schema_from_signature_and_docstring():
     }
 
 
+def test_arguments_are_checked_and_converted_against_the_type_hints():
+    def sink(names: list[str], mode: Literal["fast", "slow"], color: Color,
+             limit: float | None = None, anything=None, **extra) -> None:
+        """Types the schema expresses are checked; `anything` and **extra are not."""
+
+    validators = argument_validators(sink)
+    ok = validate_arguments("sink", {"names": ["a", 7], "mode": "fast", "color": "red",
+                                     "limit": "2.5", "anything": object, "other": 1}, validators)
+    assert ok == {"names": ["a", "7"], "mode": "fast", "color": Color.RED, "limit": 2.5,
+                  "anything": object, "other": 1}
+    for args, message in [
+        ({"names": "a"}, "argument 'names' of tool 'sink' must be list[str], got 'a'"),
+        ({"mode": "medium"}, "argument 'mode' of tool 'sink' must be Literal['fast', 'slow']"),
+        ({"color": "green"}, "argument 'color' of tool 'sink' must be Color, got 'green'"),
+        ({"limit": "far"}, "argument 'limit' of tool 'sink' must be float | None, got 'far'"),
+    ]:
+        with pytest.raises(ToolArgumentError, match=re.escape(message)):
+            validate_arguments("sink", args, validators)
+
+
 def test_docstring_with_typed_args():
     desc, args = parse_docstring("Find.\n\nArgs:\n    query (str): What to find.\n")
     assert desc == "Find." and args == {"query": "What to find."}
@@ -129,6 +155,11 @@ async def test_valid_tool_call_then_answer():
     (call("subtract", {"a": 1}), "Error: unknown tool 'subtract'; available tools: ['add', "),
     (call("explode", {"reason": "test"}), "Error: tool 'explode' raised RuntimeError: boom: test"),
     (call("add", {"b": 1}), "Error: tool 'add' raised TypeError"),
+    (call("add", {"a": "18", "b": "33"}), "51"),  # JSON strings for ints: converted, not '1833'
+    (call("add", {"a": "two"}), "Error: argument 'a' of tool 'add' must be int, got 'two' "
+                                "(Input should be a valid integer, unable to parse string as an "
+                                "integer)"),
+    (call("add", {"a": 1.5}), "Error: argument 'a' of tool 'add' must be int, got 1.5"),
     (call("shout", {"text": "hi"}), '{"text": "HI"}'),
 ])
 async def test_tool_call_outcomes_become_tool_messages(reply, expected):

@@ -35,13 +35,14 @@ from typing import Any
 from vfkit.envs.async_utils import INTERRUPTS
 from vfkit.envs.content import move_images_to_user, tool_content
 from vfkit.envs.multiturn_env import MultiTurnEnv, stop
-from vfkit.envs.tool_schema import function_to_tool_schema
+from vfkit.envs.tool_schema import (
+    ToolArgumentError,
+    argument_validators,
+    function_to_tool_schema,
+    validate_arguments,
+)
 from vfkit.errors import ConfigError, RolloutError
 from vfkit.types import Message, Messages, State
-
-
-class ToolArgumentError(ValueError):
-    """The model's tool-call arguments could not be read as a JSON object."""
 
 
 class UnknownToolError(LookupError):
@@ -89,6 +90,7 @@ class ToolEnv(MultiTurnEnv):
         self.tool_images = tool_images
         self.tools: dict[str, Callable[..., Any]] = {}
         self.oai_tools: list[dict[str, Any]] = []
+        self.tool_validators: dict[str, dict[str, Any]] = {}  # name -> argument -> validator
         for tool in tools or []:
             self.add_tool(tool)
 
@@ -100,6 +102,7 @@ class ToolEnv(MultiTurnEnv):
             raise ConfigError(f"two tools are named {name!r}; tool names must be unique")
         self.tools[name] = tool
         self.oai_tools.append(schema)
+        self.tool_validators[name] = argument_validators(tool, skip)
 
     def tools_for(self, state: State) -> list[dict[str, Any]] | None:
         return self.oai_tools or None
@@ -142,6 +145,7 @@ class ToolEnv(MultiTurnEnv):
         tool = self.tools.get(name)
         if tool is None:
             raise UnknownToolError(f"unknown tool {name!r}; available tools: {sorted(self.tools)}")
+        args = validate_arguments(name, args, self.tool_validators.get(name, {}))
         if inspect.iscoroutinefunction(tool):
             return await tool(**args)
         result = await asyncio.to_thread(tool, **args)
