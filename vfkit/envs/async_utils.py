@@ -6,8 +6,10 @@ import asyncio
 import contextlib
 import inspect
 import threading
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
+
+from vfkit.errors import RolloutError
 
 #: Exceptions that stop work rather than report its failure: always propagated. Any other exception
 #: from user code (a hook, tool or reward function) is that code's failure and is recorded on its
@@ -18,9 +20,28 @@ INTERRUPTS: tuple[type[BaseException], ...] = (
 )
 
 
+HOOK_NOTE = "raised in "  # the note `run_hook` adds to an exception: which hook raised it
+
+
 def error_text(error: BaseException) -> str:
-    """How a failure is recorded on a state: "Type: message"."""
-    return f"{type(error).__name__}: {error}"
+    """How a failure is recorded on a state: "Type: message", plus the hook that raised it
+    ("KeyError: 'board' (raised in Guess.env_response)") when `run_hook` noted one."""
+    hooks = [n for n in getattr(error, "__notes__", ()) if n.startswith(HOOK_NOTE)]
+    return f"{type(error).__name__}: {error}" + (f" ({hooks[0]})" if hooks else "")
+
+
+async def run_hook(hook: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)`, awaited when async; an exception it raises is noted with `hook`, the name
+    the author knows it by ("Guess.env_response", "stop condition 'solved'"), once: the
+    innermost hook names it (a RolloutError names its source itself)."""
+    try:
+        return await maybe_await(fn(*args))
+    except BaseException as e:
+        if not isinstance(e, (*INTERRUPTS, RolloutError)) and not any(
+            n.startswith(HOOK_NOTE) for n in getattr(e, "__notes__", ())
+        ):
+            e.add_note(f"{HOOK_NOTE}{hook}")
+        raise
 
 
 async def maybe_await(value: Any) -> Any:
