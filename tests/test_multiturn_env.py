@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from vfkit.envs.multiturn_env import MultiTurnEnv, stop
+from vfkit.errors import ConfigError
 from vfkit.rubrics.rubric import Rubric
 from vfkit.testing.scripted_server import TestServer
 
@@ -50,6 +53,21 @@ async def test_max_turns_stops_the_rollout():
     assert state["stop_condition"] == "max_turns_reached" and state["turn"] == 2
     # the last model turn ends the rollout: no env response after it
     assert [m["role"] for m in state["completion"]] == ["assistant", "user", "assistant"]
+
+
+@pytest.mark.parametrize("max_turns", [None, "3", 2.5, True])
+def test_max_turns_must_be_an_int(max_turns):
+    with pytest.raises(ConfigError, match=re.escape(
+            f"max_turns must be an int (model turns per rollout; <= 0 means no limit), "
+            f"not {max_turns!r}")):
+        GuessEnv(dataset=ROWS, max_turns=max_turns)
+
+
+async def test_max_turns_zero_or_less_means_no_limit():
+    env = GuessEnv(dataset=ROWS, max_turns=-1)
+    with TestServer(["9"] * 11 + ["3"]) as srv:
+        state = await env.run_rollout(env.get_dataset()[0], srv.client(), "m")
+    assert state["turn"] == 12 and state["stop_condition"] == "solved"  # past the default 10
 
 
 class PriorityEnv(GuessEnv):

@@ -33,6 +33,7 @@ from openai import AsyncOpenAI
 
 from vfkit.envs.async_utils import INTERRUPTS, error_text, run_hook
 from vfkit.envs.environment import Environment
+from vfkit.errors import ConfigError
 from vfkit.types import Message, Messages, SamplingArgs, State, StopCondition
 
 logger = logging.getLogger(__name__)
@@ -75,6 +76,9 @@ class MultiTurnEnv(Environment):
     """Alternates model turns and `env_response` until a `@stop` condition holds."""
 
     def __init__(self, max_turns: int = 10, **kwargs: Any) -> None:
+        if not isinstance(max_turns, int) or isinstance(max_turns, bool):
+            raise ConfigError(f"max_turns must be an int (model turns per rollout; <= 0 means "
+                              f"no limit), not {max_turns!r}")
         super().__init__(**kwargs)
         self.max_turns = max_turns
         self.stop_conditions = self._collect_stop_conditions()
