@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import re
 import sys
 
 import pytest
@@ -48,6 +49,25 @@ def test_configuration_errors_name_the_problem():
         SingleTurnEnv().get_dataset()
     with pytest.raises(ConfigError, match="neither 'prompt' nor 'question'"):
         SingleTurnEnv(dataset=[{"text": "x"}])
+
+
+@pytest.mark.parametrize(("questions", "row", "shown"), [
+    (["q0", "q1", None], 2, "None (NoneType)"),  # sent a user message without content
+    ([3, 4, 5], 0, "3 (int)"),  # a server 400 that named nothing
+])
+def test_a_question_that_is_not_text_is_an_error_naming_its_row(questions, row, shown):
+    with pytest.raises(ConfigError, match=re.escape(
+            f"dataset row {row}: 'question' must be a str, not {shown}; convert it (str(...)) "
+            "or drop the row")):
+        SingleTurnEnv(dataset=[{"question": q} for q in questions])
+
+
+def test_a_column_of_mixed_types_is_an_error_naming_it_and_two_rows():
+    rows = [{"question": "q0", "answer": 4}, {"question": "q1", "answer": "four"}]
+    with pytest.raises(ConfigError, match=re.escape(
+            "dataset column 'answer' mixes types that Arrow cannot store in one column: row 0 "
+            "has 4 (int), row 1 has 'four' (str); give the column one type in every row")):
+        SingleTurnEnv(dataset=rows)
 
 
 async def test_generate_groups_order_advantages_and_on_group():

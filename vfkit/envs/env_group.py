@@ -16,7 +16,7 @@ from typing import Any
 from datasets import Dataset
 from openai import AsyncOpenAI
 
-from vfkit.envs.dataset import unify_content
+from vfkit.envs.dataset import rows_to_dataset, unify_content
 from vfkit.envs.environment import Environment
 from vfkit.errors import ConfigError
 from vfkit.types import SamplingArgs, State
@@ -90,7 +90,7 @@ class EnvGroup(Environment):
         columns = dict.fromkeys(k for row in rows for k in row)
         # every row gets every column (from_list reads the columns off the first row only)
         rows = [{**dict.fromkeys(columns), **row, "example_id": i} for i, row in enumerate(rows)]
-        return Dataset.from_list(unify_content(rows))
+        return rows_to_dataset(unify_content(rows), sources=[row["task"] for row in rows])
 
     def get_env(self, task: str) -> Environment:
         """The environment that runs rows of `task`."""
