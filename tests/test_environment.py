@@ -51,6 +51,27 @@ def test_configuration_errors_name_the_problem():
         SingleTurnEnv(dataset=[{"text": "x"}])
 
 
+FEW = [{"role": "user", "content": "q9"}, {"role": "assistant", "content": "9"}]
+
+
+def test_few_shot_in_completion_mode_is_an_error():
+    with pytest.raises(ConfigError, match=re.escape(
+            "few_shot needs message_type='chat' (it is a list of chat messages); in completion "
+            "mode write the examples into system_prompt or the prompt column instead")):
+        SingleTurnEnv(dataset=ROWS, few_shot=FEW, message_type="completion")
+
+
+def test_few_shot_beside_a_prompt_column_is_warned_about(caplog):
+    rows = [{"prompt": [{"role": "user", "content": "q0"}], "answer": "0"}]
+    with caplog.at_level("WARNING", logger="vfkit.envs.dataset"):
+        env = SingleTurnEnv(dataset=rows, few_shot=FEW)
+    assert env.get_dataset()[0]["prompt"] == rows[0]["prompt"]  # used as it is
+    assert caplog.messages == [
+        "few_shot is not used: the dataset has a 'prompt' column, whose prompts are used as "
+        "they are; put the examples into those prompts, or give the rows a 'question' column "
+        "instead"]
+
+
 @pytest.mark.parametrize(("questions", "row", "shown"), [
     (["q0", "q1", None], 2, "None (NoneType)"),  # sent a user message without content
     ([3, 4, 5], 0, "3 (int)"),  # a server 400 that named nothing

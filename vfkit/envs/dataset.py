@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -29,6 +30,7 @@ from vfkit.errors import ConfigError
 from vfkit.types import Message, Messages
 
 IMAGE_COLUMNS = ("image", "images")
+logger = logging.getLogger(__name__)
 
 
 def build_prompt(
@@ -155,11 +157,24 @@ def format_dataset(
     message_type: str = "chat",
     task: str = "default",
 ) -> Dataset | None:
-    """A datasets.Dataset with the columns rollouts need (see module doc); None stays None."""
+    """A datasets.Dataset with the columns rollouts need (see module doc); None stays None.
+
+    `few_shot` goes between the system prompt and the question of rows built from `question`:
+    it is a ConfigError in completion mode, and a warning for a dataset with a `prompt` column
+    (its prompts are used as they are).
+    """
+    if few_shot and message_type == "completion":
+        raise ConfigError("few_shot needs message_type='chat' (it is a list of chat messages); "
+                          "in completion mode write the examples into system_prompt or the "
+                          "prompt column instead")
     if dataset is None:
         return None
     if not isinstance(dataset, Dataset):
         dataset = rows_to_dataset([dict(r) for r in dataset])
+    if few_shot and "prompt" in dataset.column_names:
+        logger.warning("few_shot is not used: the dataset has a 'prompt' column, whose prompts "
+                       "are used as they are; put the examples into those prompts, or give the "
+                       "rows a 'question' column instead")
     kwargs = {"system_prompt": system_prompt, "few_shot": few_shot,
               "message_type": message_type, "task": task}
     consumed = [c for c in IMAGE_COLUMNS if c in dataset.column_names]
