@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from enum import Enum
@@ -96,6 +97,42 @@ def test_arguments_are_checked_and_converted_against_the_type_hints():
     ]:
         with pytest.raises(ToolArgumentError, match=re.escape(message)):
             validate_arguments("sink", args, validators)
+
+
+class Scale:
+    """A callable object as a tool (configured per environment)."""
+
+    def __init__(self, factor: int) -> None:
+        self.factor = factor
+
+    def __call__(self, x: int) -> int:
+        """Scale a number.
+
+        Args:
+            x: The number.
+        """
+        return self.factor * x
+
+
+async def test_partials_and_callable_objects_are_tools_named_after_their_function():
+    env = ToolEnv(tools=[functools.partial(add, b=10), Scale(3)], dataset=ROWS)
+    schemas = {t["function"]["name"]: t["function"] for t in env.oai_tools}
+    assert schemas["add"]["description"] == "Add two integers."
+    assert schemas["add"]["parameters"]["properties"]["b"]["default"] == 10
+    assert schemas["Scale"]["parameters"]["properties"] == {
+        "x": {"type": "integer", "description": "The number."}}
+    script = [Reply(tool_calls=[{"name": "add", "arguments": {"a": "1"}},
+                                {"name": "Scale", "arguments": {"x": 2}}]), "done"]
+    with TestServer(script) as srv:
+        state = await env.run_rollout(env.get_dataset()[0], srv.client(), "m")
+    assert [m["content"] for m in state["completion"][1:3]] == ["11", "6"]
+
+
+@pytest.mark.parametrize("tool", [lambda x: x, type("t", (), {"__call__": lambda self: 1,
+                                                             "__name__": "a" * 65})()])
+def test_a_tool_name_openai_would_refuse_is_a_construction_error(tool):
+    with pytest.raises(ConfigError, match="is not a valid OpenAI tool name"):
+        ToolEnv(tools=[tool], dataset=ROWS)
 
 
 def test_docstring_with_typed_args():

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import inspect
 import re
 import types
@@ -34,12 +35,14 @@ from typing import Any
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from vfkit.errors import ConfigError
+from vfkit.rubrics.call import func_name
 
 _SIMPLE = {str: "string", int: "integer", float: "number", bool: "boolean", type(None): "null"}
 _SECTION = re.compile(
     r"^\s*(Args|Arguments|Parameters|Returns|Raises|Yields|Examples?|Notes?):\s*$"
 )
 _ARG_LINE = re.compile(r"^(\s*)\*{0,2}(\w+)\s*(?:\(([^)]*)\))?\s*:\s*(.*)$")
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # what OpenAI accepts as a function name
 _LAX = ConfigDict(coerce_numbers_to_str=True)  # a model writing 42 for a string means "42"
 
 
@@ -96,6 +99,27 @@ def parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
     return "\n".join(summary).strip(), args
 
 
+def annotated(fn: Callable[..., Any]) -> Any:
+    """What holds `fn`'s annotations: the function of a partial, a callable object's __call__."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    if inspect.isroutine(fn) or inspect.isclass(fn):
+        return fn
+    return type(fn).__call__
+
+
+def tool_name(fn: Callable[..., Any]) -> str:
+    """The name the model calls `fn` by: its __name__ (a partial's function's, a callable
+    object's class name); ConfigError when OpenAI would refuse it (`<lambda>`)."""
+    name = func_name(fn)
+    if not TOOL_NAME.fullmatch(name):
+        raise ConfigError(
+            f"tool name {name!r} ({fn!r:.60}) is not a valid OpenAI tool name (letters, digits, "
+            "'_' and '-', at most 64); define the tool with def, or set its __name__"
+        )
+    return name
+
+
 def check_skip(name: str, params: Mapping[str, inspect.Parameter], skip: set[str]) -> None:
     """Hidden argument names must be parameters of the tool (a typo would hide nothing)."""
     takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
@@ -113,11 +137,11 @@ def visible_params(
     """(name, parameter, type hint) of each parameter the model sets (not hidden by `skip`)."""
     skip = set(skip)
     try:
-        hints = typing.get_type_hints(fn, include_extras=True)
+        hints = typing.get_type_hints(annotated(fn), include_extras=True)
     except Exception:  # unresolvable annotations: fall back to no type constraints
         hints = {}
     params = inspect.signature(fn).parameters
-    check_skip(fn.__name__, params, skip)
+    check_skip(tool_name(fn), params, skip)
     return [
         (name, param, hints.get(name, param.annotation)) for name, param in params.items()
         if name not in skip and name not in ("self", "cls")
@@ -175,7 +199,7 @@ def type_name(hint: Any) -> str:
 
 def function_to_tool_schema(fn: Callable[..., Any], skip: Iterable[str] = ()) -> dict[str, Any]:
     """The OpenAI `tools` entry for `fn`; parameters named in `skip` are hidden from the model."""
-    description, arg_docs = parse_docstring(inspect.getdoc(fn))
+    description, arg_docs = parse_docstring(inspect.getdoc(annotated(fn)))
     properties: dict[str, Any] = {}
     required: list[str] = []
     for name, param, hint in visible_params(fn, skip):
@@ -190,7 +214,7 @@ def function_to_tool_schema(fn: Callable[..., Any], skip: Iterable[str] = ()) ->
     return {
         "type": "function",
         "function": {
-            "name": fn.__name__,
+            "name": tool_name(fn),
             "description": description,
             "parameters": {"type": "object", "properties": properties, "required": required},
         },
