@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+import vfkit.rubrics.call as call_module
 import vfkit.rubrics.rubric as rubric_module
 from vfkit.parsers.xml_parser import XMLParser
 from vfkit.rubrics.call import run_with_timeout, select_kwargs
@@ -234,6 +235,26 @@ async def test_a_group_function_with_a_wrong_result_fails_the_group(result):
         assert state["reward"] == 0.5  # bad scores 0, half still counts
         assert state["metrics"][ERRORS_METRIC] == 1.0
         assert "reward function bad raised" in state["error"]
+
+
+async def test_sync_functions_run_on_a_bounded_number_of_threads(monkeypatch):
+    # read when this test's event loop first calls a sync function
+    monkeypatch.setattr(call_module, "MAX_THREADS", 2, raising=False)
+    lock, running, peak = threading.Lock(), [0], [0]
+
+    def slow(completion) -> float:
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.02)
+        with lock:
+            running[0] -= 1
+        return 1.0
+
+    states = [make_state() for _ in range(12)]
+    await Rubric(funcs=[slow]).score_group(states)
+    assert [s["reward"] for s in states] == [1.0] * 12
+    assert peak[0] <= 2  # unbounded, each of the 12 calls had a thread of its own at once
 
 
 def test_select_kwargs_filters_and_passes_everything_to_var_kwargs():
