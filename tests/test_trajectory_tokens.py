@@ -78,7 +78,7 @@ class TextEnv(MultiTurnEnv):
 async def test_completion_mode_turns_extend_without_the_sampled_eos(caplog):
     env = TextEnv(dataset=[{"prompt": "Q:", "answer": ""}], message_type="completion",
                   max_turns=3)
-    with caplog.at_level(logging.WARNING, logger="vfkit.envs.environment"):
+    with caplog.at_level(logging.WARNING, logger="vfkit.envs.model_calls"):
         state = await rollout(env, " A1")
     steps = state["trajectory"]
     eos = make_tokenizer().eos_token_id
@@ -101,7 +101,7 @@ async def test_think_stripping_template_is_detected_and_reported(caplog):
     tokenizer = make_tokenizer()
     tokenizer.chat_template = THINK_STRIPPING_TEMPLATE
     script = ["<think>hmm</think>one", "<think>more</think>two"]
-    with caplog.at_level(logging.WARNING, logger="vfkit.envs.environment"):
+    with caplog.at_level(logging.WARNING, logger="vfkit.envs.model_calls"):
         state = await rollout(ChatEnv(dataset=ROWS, max_turns=2), script, tokenizer=tokenizer)
     steps = state["trajectory"]
     assert extension_breaks(steps) == [1] and not check_extension(steps)
