@@ -243,7 +243,7 @@ class Environment(ModelCalls):
         sampling_args: SamplingArgs | None = None, *, rollouts_per_example: int = 1,
         max_concurrent: int = -1, max_concurrent_scoring: int = -1, on_group: OnGroup | None = None,
         state_columns: list[str] | None = None,
-        rollout_indices: Mapping[Any, Sequence[int]] | None = None,
+        rollout_indices: Mapping[Any, Sequence[int]] | None = None, score: bool = True,
     ) -> GenerateOutputs:
         """Run `rollouts_per_example` rollouts per input as groups; states in input order.
 
@@ -252,7 +252,8 @@ class Environment(ModelCalls):
         (sync or async) gets each group's states as soon as that group is scored. A `seed` in
         the sampling args seeds each group by its example_id (client/sampling.py).
         `rollout_indices`: example_id -> which rollouts of its group to run (`run_group`'s),
-        for a resumed eval that runs only the missing ones.
+        for a resumed eval that runs only the missing ones. `score=False`: no rubric (reward
+        and advantage stay None).
         """
         rows = [dict(r) for r in inputs]
         per_group = seed_groups(self.merge_sampling_args(sampling_args), rows)
@@ -267,7 +268,7 @@ class Environment(ModelCalls):
             indices = (rollout_indices or {}).get(row.get("example_id"))
             states = await self.run_group(group, client, model, group_args, gen_sem=gen_sem,
                                           score_sem=score_sem, state_columns=state_columns,
-                                          rollout_indices=indices)
+                                          rollout_indices=indices, score=score)
             if on_group is not None:
                 await maybe_await(on_group(states))
             return states
@@ -292,14 +293,21 @@ class Environment(ModelCalls):
         self, client: AsyncOpenAI, model: str, sampling_args: SamplingArgs | None = None,
         num_examples: int = -1, rollouts_per_example: int = 1, max_concurrent: int = -1,
         max_concurrent_scoring: int = -1, seed: int | None = None,
-        on_group: OnGroup | None = None,
+        on_group: OnGroup | None = None, state_columns: list[str] | None = None,
+        score_rollouts: bool = True, **classic: Any,
     ) -> GenerateOutputs:
-        """Roll out and score the eval dataset's first `num_examples` rows (all when -1)."""
+        """Roll out and score the eval dataset's first `num_examples` rows (all when -1).
+
+        `state_columns` and `score_rollouts` (False: unscored) are generate's; of classic
+        verifiers' other keywords, `max_concurrent_generation` means `max_concurrent`, and its
+        saving options (save_results=True, results_path, ...) are ConfigErrors: vf-eval saves.
+        """
+        max_concurrent = classic_max_concurrent(classic, max_concurrent)
         dataset = self.get_eval_dataset(n=num_examples, seed=seed)
         return await self.generate(
             dataset, client, model, sampling_args, rollouts_per_example=rollouts_per_example,
             max_concurrent=max_concurrent, max_concurrent_scoring=max_concurrent_scoring,
-            on_group=on_group,
+            on_group=on_group, state_columns=state_columns, score=score_rollouts,
         )
 
     def evaluate(
@@ -316,3 +324,28 @@ class Environment(ModelCalls):
                 return await self.a_evaluate(own, model, *args, **kwargs)
 
         return run_sync(run())
+
+
+CLASSIC_SAVING = ("save_results", "results_path", "push_to_hub", "hub_name")
+
+
+def classic_max_concurrent(classic: dict[str, Any], max_concurrent: int) -> int:
+    """`max_concurrent`, or classic verifiers' `max_concurrent_generation` for it; its saving
+    options are ConfigErrors (a false or None value asks for nothing and passes)."""
+    saving = [key for key in CLASSIC_SAVING if classic.get(key)]
+    if saving:
+        raise ConfigError(
+            f"evaluate({saving[0]}=...): vfkit's evaluate() returns the rollouts and saves "
+            "nothing; run `vf-eval <env> -m <model>` (it writes outputs/evals/<env>--<model>/"
+            "<id>/results.jsonl), or save out.states yourself"
+        )
+    unknown = sorted(set(classic) - {"max_concurrent_generation", *CLASSIC_SAVING})
+    if unknown:
+        raise TypeError(f"evaluate() got unexpected keyword argument(s) {unknown}")
+    generation = classic.get("max_concurrent_generation")
+    if generation is None:
+        return max_concurrent
+    if max_concurrent > 0 and generation != max_concurrent:
+        raise ConfigError(f"evaluate(): max_concurrent={max_concurrent} and "
+                          f"max_concurrent_generation={generation} disagree; give one of them")
+    return int(generation)
