@@ -116,3 +116,17 @@ def test_columns_of_different_types_name_the_column_and_the_environments(
         "give the column one type in every row (e.g. str(...) each value; for dicts such as "
         "info, the same value type under each key)"
     )
+
+
+def test_the_group_rubric_lists_one_function_and_weight_per_name():
+    def a(completion) -> float:
+        return 1.0
+
+    one = SingleTurnEnv(dataset=[{"question": "q"}], rubric=Rubric(funcs=[a, exact],
+                                                                   weights=[2.0, 1.0]))
+    two = SingleTurnEnv(dataset=[{"question": "q"}], rubric=Rubric(funcs=[short, exact],
+                                                                   weights=[0.0, 3.0]))
+    rubric = EnvGroup([one, two], env_names=["one", "two"]).rubric
+    assert rubric.get_reward_func_names() == ["a", "exact", "short"]
+    assert rubric.get_reward_funcs() == [a, exact, short]
+    assert rubric.get_reward_weights() == [2.0, 1.0, 0.0]  # 'exact': the first environment's

@@ -27,13 +27,26 @@ class EnvGroupRubric:
 
     def __init__(self, env_map: dict[str, Environment]) -> None:
         self.env_map = env_map
-        names: dict[str, None] = {}
+        self._first: dict[str, tuple[Any, float]] = {}  # name -> (function, weight)
         for env in env_map.values():
-            names.update(dict.fromkeys(env.rubric.get_reward_func_names()))
-        self.all_names = list(names)
+            rubric = env.rubric
+            for item in zip(rubric.get_reward_func_names(), rubric.get_reward_funcs(),
+                            rubric.get_reward_weights(), strict=True):
+                self._first.setdefault(item[0], item[1:])
+        self.all_names = list(self._first)
 
     def get_reward_func_names(self) -> list[str]:
+        """Every environment's reward function names (each once, in environment order)."""
         return list(self.all_names)
+
+    def get_reward_funcs(self) -> list[Any]:
+        """One function per name of `get_reward_func_names` (the first environment's)."""
+        return [self._first[name][0] for name in self.all_names]
+
+    def get_reward_weights(self) -> list[float]:
+        """One weight per name of `get_reward_func_names`: the first environment's that has a
+        function of that name (the verifiers v1 bridge records rewards by these weights)."""
+        return [self._first[name][1] for name in self.all_names]
 
     async def score_rollout(self, state: State) -> None:
         await self.score_group([state])
