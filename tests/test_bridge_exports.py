@@ -21,11 +21,15 @@ def _python(code: str) -> subprocess.CompletedProcess:
                           env={"PYTHONPATH": path, "PATH": "/usr/bin:/bin"}, timeout=120)
 
 
-def test_environment_modules_declare_the_v1_names() -> None:
-    from vfkit.bridge import V1_NAMES, v1_exports
+@pytest.mark.parametrize("installed", [True, False])
+def test_environment_modules_declare_the_v1_names_when_verifiers_v1_is_installed(
+    installed: bool, monkeypatch
+) -> None:
+    import vfkit.bridge as bridge
 
-    names, getattr_ = v1_exports("x", lambda: None)
-    assert names == ["load_environment", *V1_NAMES]
+    monkeypatch.setattr(bridge, "has_verifiers_v1", lambda: installed)
+    names, getattr_ = bridge.v1_exports("x", lambda: None)
+    assert names == ["load_environment", *(bridge.V1_NAMES if installed else ())]
     with pytest.raises(AttributeError, match="nope"):
         getattr_("nope")
 
@@ -34,7 +38,17 @@ def test_importing_an_environment_never_imports_verifiers() -> None:
     done = _python("import sys, vfkit_reverse_text as m; m.load_environment(num_train_examples=2)"
                    "; print('verifiers' in sys.modules, m.__all__)")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("False ['load_environment', 'VfkitTaskset'")
+    from vfkit.bridge import V1_NAMES, has_verifiers_v1
+
+    exported = ["load_environment", *(V1_NAMES if has_verifiers_v1() else ())]
+    assert done.stdout.strip() == f"False {exported}"
+
+
+@pytest.mark.skipif(HAS_VERIFIERS, reason="verifiers is installed here")
+def test_a_star_import_of_an_environment_works_without_verifiers() -> None:
+    done = _python("from vfkit_reverse_text import *; print(load_environment.__name__)")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "load_environment"
 
 
 @pytest.mark.skipif(HAS_VERIFIERS, reason="verifiers is installed here")

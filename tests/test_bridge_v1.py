@@ -212,3 +212,24 @@ async def test_verifiers_eval_streams_from_vf_serve_and_vfkit_scores_the_replies
         total = sum(r["score"] * r["weight"] for r in trace["rewards"].values())
         assert set(trace["rewards"]) == {"reversal_reward", "format_reward_func"}
         assert total == pytest.approx(state["reward"])
+
+
+@slow
+def test_an_env_group_s_scores_are_recorded_with_their_weights(v1_python: str) -> None:
+    """record_scores asks the rubric for its weights: EnvGroup's router had none."""
+    code = (
+        "import vfkit as vf\n"
+        "from vfkit.bridge.v1 import record_scores\n"
+        "def a(completion): return 1.0\n"
+        "def b(completion): return 0.5\n"
+        "rows = [{'question': 'q', 'answer': 'x'}]\n"
+        "one = vf.SingleTurnEnv(dataset=rows, rubric=vf.Rubric(funcs=[a], weights=[2.0]))\n"
+        "two = vf.SingleTurnEnv(dataset=rows, rubric=vf.Rubric(funcs=[b], weights=[0.0]))\n"
+        "group = vf.EnvGroup([one, two], env_names=['one', 'two'])\n"
+        "class Trace:\n"
+        "    def record_reward(self, *args): print('reward', *args)\n"
+        "    def record_metric(self, *args): print('metric', *args)\n"
+        "record_scores(Trace(), group, {'a': 1.0, 'b': 0.5, 'reward_errors': 0.0})\n"
+    )
+    out = run([v1_python, "-c", code], "recording an EnvGroup's scores", timeout=300)
+    assert out.splitlines() == ["reward a 1.0 2.0", "metric b 0.5"]  # b weighs 0: a metric

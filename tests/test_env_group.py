@@ -96,3 +96,37 @@ def test_bad_groups_are_rejected():
     completion = SingleTurnEnv(dataset=[{"question": "q"}], message_type="completion")
     with pytest.raises(ConfigError, match="mix message types"):
         EnvGroup([env, completion], env_names=["a", "b"])
+
+
+@pytest.mark.parametrize(("column", "first", "second", "shown"), [
+    ("answer", "A", 3, "row 0 (environment 'a') has 'A' (str), row 2 (environment 'b') has 3 "
+                       "(int)"),
+    ("info", {"k": "s"}, {"k": [1]}, "row 0 (environment 'a') has {'k': 's'} (dict), row 2 "
+                                     "(environment 'b') has {'k': [1]} (dict)"),
+])
+def test_columns_of_different_types_name_the_column_and_the_environments(
+    column, first, second, shown
+):
+    a = SingleTurnEnv(dataset=[{"question": "qa", column: first}, {"question": "qa2"}])
+    b = SingleTurnEnv(dataset=[{"question": "qb", column: second}])
+    with pytest.raises(ConfigError) as caught:
+        EnvGroup([a, b], env_names=["a", "b"])
+    assert str(caught.value) == (
+        f"dataset column {column!r} mixes types that Arrow cannot store in one column: {shown}; "
+        "give the column one type in every row (e.g. str(...) each value; for dicts such as "
+        "info, the same value type under each key)"
+    )
+
+
+def test_the_group_rubric_lists_one_function_and_weight_per_name():
+    def a(completion) -> float:
+        return 1.0
+
+    one = SingleTurnEnv(dataset=[{"question": "q"}], rubric=Rubric(funcs=[a, exact],
+                                                                   weights=[2.0, 1.0]))
+    two = SingleTurnEnv(dataset=[{"question": "q"}], rubric=Rubric(funcs=[short, exact],
+                                                                   weights=[0.0, 3.0]))
+    rubric = EnvGroup([one, two], env_names=["one", "two"]).rubric
+    assert rubric.get_reward_func_names() == ["a", "exact", "short"]
+    assert rubric.get_reward_funcs() == [a, exact, short]
+    assert rubric.get_reward_weights() == [2.0, 1.0, 0.0]  # 'exact': the first environment's

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import re
+import sys
 
 import pytest
 
@@ -46,6 +49,46 @@ def test_configuration_errors_name_the_problem():
         SingleTurnEnv().get_dataset()
     with pytest.raises(ConfigError, match="neither 'prompt' nor 'question'"):
         SingleTurnEnv(dataset=[{"text": "x"}])
+
+
+FEW = [{"role": "user", "content": "q9"}, {"role": "assistant", "content": "9"}]
+
+
+def test_few_shot_in_completion_mode_is_an_error():
+    with pytest.raises(ConfigError, match=re.escape(
+            "few_shot needs message_type='chat' (it is a list of chat messages); in completion "
+            "mode write the examples into system_prompt or the prompt column instead")):
+        SingleTurnEnv(dataset=ROWS, few_shot=FEW, message_type="completion")
+
+
+def test_few_shot_beside_a_prompt_column_is_warned_about(caplog):
+    rows = [{"prompt": [{"role": "user", "content": "q0"}], "answer": "0"}]
+    with caplog.at_level("WARNING", logger="vfkit.envs.dataset"):
+        env = SingleTurnEnv(dataset=rows, few_shot=FEW)
+    assert env.get_dataset()[0]["prompt"] == rows[0]["prompt"]  # used as it is
+    assert caplog.messages == [
+        "few_shot is not used: the dataset has a 'prompt' column, whose prompts are used as "
+        "they are; put the examples into those prompts, or give the rows a 'question' column "
+        "instead"]
+
+
+@pytest.mark.parametrize(("questions", "row", "shown"), [
+    (["q0", "q1", None], 2, "None (NoneType)"),  # sent a user message without content
+    ([3, 4, 5], 0, "3 (int)"),  # a server 400 that named nothing
+])
+def test_a_question_that_is_not_text_is_an_error_naming_its_row(questions, row, shown):
+    with pytest.raises(ConfigError, match=re.escape(
+            f"dataset row {row}: 'question' must be a str, not {shown}; convert it (str(...)) "
+            "or drop the row")):
+        SingleTurnEnv(dataset=[{"question": q} for q in questions])
+
+
+def test_a_column_of_mixed_types_is_an_error_naming_it_and_two_rows():
+    rows = [{"question": "q0", "answer": 4}, {"question": "q1", "answer": "four"}]
+    with pytest.raises(ConfigError, match=re.escape(
+            "dataset column 'answer' mixes types that Arrow cannot store in one column: row 0 "
+            "has 4 (int), row 1 has 'four' (str); give the column one type in every row")):
+        SingleTurnEnv(dataset=rows)
 
 
 async def test_generate_groups_order_advantages_and_on_group():
@@ -124,6 +167,31 @@ async def test_reward_function_that_raises_scores_zero_and_is_reported():
     assert all("judge down" in e for e in out.error)
 
 
+@pytest.mark.parametrize("answer", [0, False, "0", 0.0])
+async def test_falsy_answers_reach_reward_functions_unchanged(answer):
+    seen = []
+
+    def record(completion, answer) -> float:
+        seen.append(answer)
+        return 1.0
+
+    env = SingleTurnEnv(dataset=[{"question": "3-3?", "answer": answer}],
+                        rubric=Rubric(funcs=[record]))
+    with TestServer("0") as srv:
+        state = await env.run_rollout(env.get_dataset()[0], srv.client(), "m")
+    assert seen == [answer] and type(seen[0]) is type(answer)
+    assert state["answer"] == answer and state["error"] is None
+
+
+async def test_math_rubric_grades_a_zero_answer():
+    from vfkit.rubrics.math_rubric import MathRubric
+
+    env = SingleTurnEnv(dataset=[{"question": "3-3?", "answer": 0}], rubric=MathRubric())
+    with TestServer(r"\boxed{0}") as srv:
+        state = await env.run_rollout(env.get_dataset()[0], srv.client(), "m")
+    assert state["reward"] == 1.0 and state["error"] is None
+
+
 class FlakyEnv(SingleTurnEnv):
     async def rollout(self, input, client, model, sampling_args):
         if input["example_id"] == 1:
@@ -138,6 +206,74 @@ async def test_failed_rollout_is_recorded_and_the_batch_continues():
     assert out.error == [None, "ValueError: sandbox exploded", None]
     assert out.reward == [1.0, 0.0, 1.0]
     assert out.states[1]["stop_condition"] == "error"
+
+
+class ExitingEnv(SingleTurnEnv):
+    """Calls sys.exit (as argparse does on bad input) from the hook named by `where`."""
+
+    def __init__(self, where: str, **kw):
+        super().__init__(**kw)
+        self.where = where
+
+    async def rollout(self, input, client, model, sampling_args):
+        if self.where == "rollout" and input["example_id"] == 1:
+            sys.exit(2)
+        return await super().rollout(input, client, model, sampling_args)
+
+
+def exit_on_1(completion) -> float:
+    if completion[-1]["content"] == "1":
+        sys.exit("grader quit")
+    return 1.0
+
+
+async def async_exit_on_1(completion) -> float:
+    return exit_on_1(completion)
+
+
+def group_exit(completions) -> list[float]:
+    sys.exit(3)
+
+
+@pytest.mark.parametrize(("where", "funcs", "expected"), [
+    ("rollout", [exact], {1: "SystemExit: 2"}),
+    ("reward", [exit_on_1], {1: "reward function exit_on_1 raised SystemExit: grader quit"}),
+    ("reward", [async_exit_on_1],
+     {1: "reward function async_exit_on_1 raised SystemExit: grader quit"}),
+    ("reward", [group_exit], dict.fromkeys(range(3), "reward function group_exit raised "
+                                           "SystemExit: 3")),
+])
+def test_system_exit_in_user_code_is_recorded_and_the_batch_goes_on(where, funcs, expected):
+    env = ExitingEnv(where, dataset=ROWS[:3], rubric=Rubric(funcs=funcs))
+    with TestServer(echo_digit) as srv:
+        out = env.evaluate(srv.client(), "m", num_examples=3)  # blocking, as vf-eval runs it
+    assert out.error == [expected.get(i) for i in range(3)]
+    assert [r for i, r in enumerate(out.reward) if i not in expected] == [1.0] * (3 - len(expected))
+    assert all(out.reward[i] == 0.0 for i in expected)
+
+
+class CustomRolloutEnv(Environment):
+    """A hand-written rollout(): forgets `return state` on example 1, returns a bare dict else."""
+
+    async def rollout(self, input, client, model, sampling_args):
+        if input["example_id"] == 1:
+            return None
+        reply = await client.chat.completions.create(model=model, messages=input["prompt"])
+        return {"completion": [{"role": "assistant", "content": reply.choices[0].message.content}]}
+
+
+async def test_a_custom_rollout_may_return_a_bare_dict_but_not_none():
+    env = CustomRolloutEnv(dataset=ROWS[:3], rubric=Rubric(funcs=[exact]))
+    with TestServer(echo_digit) as srv:
+        out = await env.generate(env.get_dataset(), srv.client(), "m")
+    assert out.error[1] == ("TypeError: CustomRolloutEnv.rollout() must return the state dict "
+                            "(start from self.init_state(input) and return it filled in); it "
+                            "returned None (NoneType)")
+    assert out.reward == [1.0, 0.0, 1.0] and out.error[0] is None and out.error[2] is None
+    # the bare dicts got the keys they lacked from init_state
+    assert out.answer == ["0", "1", "2"] and out.example_id == [0, 1, 2]
+    assert out.states[2]["timing"]["generation_ms"] > 0 and out.states[2]["prompt"][-1] == (
+        {"role": "user", "content": "q2"})
 
 
 async def test_server_error_without_retries_is_a_rollout_error():
@@ -190,6 +326,22 @@ def test_evaluate_is_a_blocking_wrapper():
     with TestServer(echo_digit) as srv:
         out = env.evaluate(srv.client(), "m", num_examples=2, rollouts_per_example=3)
     assert len(out) == 6 and out.reward == [1.0] * 6
+
+
+def test_one_client_serves_several_blocking_evaluate_calls(caplog):
+    # earlier tests' clients, collected during this test's loops, would log their own noise
+    # (openai closes a collected client's pool on whatever loop is running)
+    gc.collect()
+    env = SingleTurnEnv(dataset=ROWS, rubric=Rubric(funcs=[exact]))
+    with TestServer(echo_digit) as srv, caplog.at_level("WARNING"):
+        client = srv.client(max_retries=0)
+        outs = [env.evaluate(client, "m", num_examples=2) for _ in range(3)]
+        # the caller's client is still open, and usable in a loop of the caller's own
+        later = asyncio.run(env.a_evaluate(client, "m", num_examples=1))
+    assert [out.error for out in outs] == [[None, None]] * 3
+    assert [out.reward for out in outs] == [[1.0, 1.0]] * 3 and later.reward == [1.0]
+    assert not client.is_closed()
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
 
 
 async def test_evaluate_inside_a_running_loop_uses_a_thread():

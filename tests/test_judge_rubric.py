@@ -121,3 +121,13 @@ def test_bad_template_raises_at_construction():
 
 def test_docstring_examples_run():
     assert doctest.testmod(judge_module).failed == 0
+
+
+def test_a_sync_openai_client_is_refused_at_construction():
+    from openai import OpenAI
+
+    with pytest.raises(TypeError, match=re.escape(
+            "JudgeRubric needs an AsyncOpenAI judge_client (reward functions await the judge); "
+            "got a sync OpenAI client: pass AsyncOpenAI(base_url=..., api_key=...)")):
+        JudgeRubric(judge_client=OpenAI(base_url="http://127.0.0.1:9/v1", api_key="x"),
+                    funcs=[judged_correct])

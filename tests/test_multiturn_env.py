@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
+import pytest
+
 from vfkit.envs.multiturn_env import MultiTurnEnv, stop
+from vfkit.errors import ConfigError
 from vfkit.rubrics.rubric import Rubric
 from vfkit.testing.scripted_server import TestServer
 
@@ -48,6 +53,21 @@ async def test_max_turns_stops_the_rollout():
     assert state["stop_condition"] == "max_turns_reached" and state["turn"] == 2
     # the last model turn ends the rollout: no env response after it
     assert [m["role"] for m in state["completion"]] == ["assistant", "user", "assistant"]
+
+
+@pytest.mark.parametrize("max_turns", [None, "3", 2.5, True])
+def test_max_turns_must_be_an_int(max_turns):
+    with pytest.raises(ConfigError, match=re.escape(
+            f"max_turns must be an int (model turns per rollout; <= 0 means no limit), "
+            f"not {max_turns!r}")):
+        GuessEnv(dataset=ROWS, max_turns=max_turns)
+
+
+async def test_max_turns_zero_or_less_means_no_limit():
+    env = GuessEnv(dataset=ROWS, max_turns=-1)
+    with TestServer(["9"] * 11 + ["3"]) as srv:
+        state = await env.run_rollout(env.get_dataset()[0], srv.client(), "m")
+    assert state["turn"] == 12 and state["stop_condition"] == "solved"  # past the default 10
 
 
 class PriorityEnv(GuessEnv):
@@ -121,9 +141,97 @@ async def test_env_response_error_is_recorded_with_partial_state():
     env = Broken(dataset=ROWS, max_turns=3)
     with TestServer("1") as srv:
         state = await env.run_rollout(env.get_dataset()[0], srv.client(), "m")
-    assert state["error"] == "KeyError: 'board'" and state["stop_condition"] == "error"
+    assert state["error"] == "KeyError: 'board' (raised in Broken.env_response)"
+    assert state["stop_condition"] == "error"
     assert state["turn"] == 1 and state["completion"][0]["content"] == "1"
     assert state["reward"] == 0.0
+
+
+async def test_system_exit_in_env_response_is_a_rollout_error():
+    class Exits(MultiTurnEnv):
+        async def env_response(self, messages, state):
+            raise SystemExit(1)
+
+    env = Exits(dataset=ROWS, max_turns=3)
+    with TestServer("1") as srv:
+        state = await env.run_rollout(env.get_dataset()[0], srv.client(), "m")
+    assert state["error"] == "SystemExit: 1 (raised in Exits.env_response)"
+    assert state["stop_condition"] == "error"
+    assert state["turn"] == 1 and state["reward"] == 0.0
+
+
+class Replies(MultiTurnEnv):
+    """env_response returns whatever the test gives it."""
+
+    def __init__(self, reply, **kwargs):
+        super().__init__(**kwargs)
+        self.reply = reply
+
+    def env_response(self, messages, state):
+        return self.reply
+
+
+CHAT_SHAPE = ("Replies.env_response must return a list of messages, each a dict with 'role' "
+              "and 'content' (e.g. [{'role': 'user', 'content': 'try again'}]); it returned ")
+
+
+@pytest.mark.parametrize(("reply", "message_type", "expected"), [
+    ("try again", "chat", CHAT_SHAPE + "'try again'"),  # was split into one message per char
+    (42, "chat", CHAT_SHAPE + "42"),
+    ({"content": "no role"}, "chat",
+     CHAT_SHAPE + "{'content': 'no role'} (message 0: {'content': 'no role'})"),
+    ([{"role": "user", "content": "ok"}, "and more"], "chat",
+     CHAT_SHAPE + "[{'role': 'user', 'content': 'ok'}, 'and more'] (message 1: 'and more')"),
+    ([{"role": "user", "content": "try again"}], "completion",
+     "Replies.env_response must return a str in completion mode (the text added to the "
+     "prompt); it returned [{'role': 'user', 'content': 'try again'}]"),
+])
+async def test_a_malformed_env_response_is_a_rollout_error_naming_it(reply, message_type, expected):
+    env = Replies(reply, dataset=ROWS, max_turns=3, message_type=message_type)
+    with TestServer("4") as srv:
+        state = await env.run_rollout(env.get_dataset()[0], srv.client(), "m")
+    assert state["error"] == f"TypeError: {expected}" and state["stop_condition"] == "error"
+    assert len(srv.requests) == 1  # nothing malformed was sent to the server
+    assert state["turn"] == 1 and state["reward"] == 0.0
+
+
+@pytest.mark.parametrize(("reply", "message_type"), [
+    ({"role": "user", "content": "a lone message"}, "chat"),
+    (({"role": "user", "content": "a tuple"},), "chat"),
+    (" and", "completion"),
+])
+async def test_well_formed_env_responses_are_appended(reply, message_type):
+    env = Replies(reply, dataset=ROWS, max_turns=2, message_type=message_type)
+    with TestServer("4") as srv:
+        state = await env.run_rollout(env.get_dataset()[0], srv.client(), "m")
+    assert state["error"] is None and state["turn"] == 2
+    if message_type == "chat":
+        assert state["completion"][1]["content"] == srv.requests[1]["messages"][-1]["content"]
+    else:
+        assert state["completion"] == "4 and4"
+
+
+class BrokenStop(GuessEnv):
+    @stop
+    def board_full(self, state) -> bool:
+        return state["board"] == []
+
+
+class ClassicIsCompleted(GuessEnv):
+    async def is_completed(self, messages, state, **kwargs):  # classic verifiers' signature
+        return len(state["completion"]) >= 3
+
+
+async def test_a_raising_stop_condition_or_is_completed_names_the_hook():
+    with TestServer("1") as srv:
+        broken = await BrokenStop(dataset=ROWS).run_rollout(ROWS[0], srv.client(), "m")
+        classic = await ClassicIsCompleted(dataset=ROWS).run_rollout(ROWS[0], srv.client(), "m")
+    assert broken["error"] == "KeyError: 'board' (raised in stop condition 'board_full')"
+    assert classic["error"] == (
+        "TypeError: ClassicIsCompleted.is_completed() missing 1 required positional argument: "
+        "'state' (raised in ClassicIsCompleted.is_completed)")
+    assert broken["stop_condition"] == classic["stop_condition"] == "error"
+    assert srv.requests == []
 
 
 async def test_max_seq_len_caps_max_tokens_and_stops_when_full():

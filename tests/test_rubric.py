@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+import vfkit.rubrics.call as call_module
 import vfkit.rubrics.rubric as rubric_module
 from vfkit.parsers.xml_parser import XMLParser
 from vfkit.rubrics.call import run_with_timeout, select_kwargs
@@ -236,6 +237,26 @@ async def test_a_group_function_with_a_wrong_result_fails_the_group(result):
         assert "reward function bad raised" in state["error"]
 
 
+async def test_sync_functions_run_on_a_bounded_number_of_threads(monkeypatch):
+    # read when this test's event loop first calls a sync function
+    monkeypatch.setattr(call_module, "MAX_THREADS", 2, raising=False)
+    lock, running, peak = threading.Lock(), [0], [0]
+
+    def slow(completion) -> float:
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.02)
+        with lock:
+            running[0] -= 1
+        return 1.0
+
+    states = [make_state() for _ in range(12)]
+    await Rubric(funcs=[slow]).score_group(states)
+    assert [s["reward"] for s in states] == [1.0] * 12
+    assert peak[0] <= 2  # unbounded, each of the 12 calls had a thread of its own at once
+
+
 def test_select_kwargs_filters_and_passes_everything_to_var_kwargs():
     available = {"a": 1, "b": 2, "c": 3}
     assert select_kwargs(lambda a, c=0: None, available) == {"a": 1, "c": 3}
@@ -305,3 +326,51 @@ def test_a_reward_function_that_never_returns_does_not_keep_the_process_alive(tm
                          timeout=120)  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert "running: ['stuck_judge']" in out.stdout
+
+
+def tagged_answer(parser, completion, answer) -> float:
+    return float(parser.parse_answer(completion) == answer)
+
+
+async def test_a_rubric_without_a_parser_uses_its_environments():
+    from vfkit.envs.singleturn_env import SingleTurnEnv
+    from vfkit.testing.scripted_server import TestServer
+
+    parser = XMLParser(["think", "answer"])
+    env = SingleTurnEnv(dataset=[{"question": "2+2?", "answer": "4"}], parser=parser,
+                        rubric=Rubric(funcs=[tagged_answer]))
+    with TestServer("<think>easy</think><answer>4</answer>") as srv:
+        state = await env.run_rollout(env.get_dataset()[0], srv.client(), "m")
+    assert env.rubric.parser is parser and state["reward"] == 1.0 and state["error"] is None
+
+
+def test_rubric_groups_pass_the_environments_parser_to_rubrics_without_one():
+    from vfkit.envs.singleturn_env import SingleTurnEnv
+    from vfkit.rubrics.rubric_group import RubricGroup
+
+    env_parser, own = XMLParser(["answer"]), XMLParser(["final"], answer_field="final")
+    bare, kept = Rubric(funcs=[tagged_answer]), Rubric(funcs=[half], parser=own)
+    env = SingleTurnEnv(dataset=[{"question": "q", "answer": "4"}], parser=env_parser,
+                        rubric=RubricGroup([bare, kept]))
+    assert bare.parser is env_parser and bare.class_objects["parser"] is env_parser
+    assert kept.parser is own  # a rubric's own parser is never replaced
+    assert env.rubric.parser is env_parser  # the group's: its first rubric's
+
+
+def test_a_rubric_parser_that_differs_from_the_environments_is_warned_about(caplog):
+    from vfkit.envs.singleturn_env import SingleTurnEnv
+    from vfkit.rubrics.math_rubric import MathRubric
+
+    rows = [{"question": "q", "answer": "4"}]
+    parser = XMLParser(["answer"])
+    with caplog.at_level("WARNING", logger="vfkit.rubrics.rubric"):
+        SingleTurnEnv(dataset=rows, parser=parser, rubric=Rubric(funcs=[half], parser=parser))
+        SingleTurnEnv(dataset=rows, parser=parser,  # an equal parser built twice: no warning
+                      rubric=Rubric(funcs=[half], parser=XMLParser(["answer"])))
+        assert caplog.messages == []
+        SingleTurnEnv(dataset=rows, parser=parser, rubric=MathRubric(), env_id="sums")
+    assert caplog.messages == [
+        "sums: the rubric's parser (MaybeThinkParser) differs from the environment's "
+        "(XMLParser); reward functions that declare `parser` get the rubric's. Pass the same "
+        "parser to both, or build the rubric without one to use the environment's"
+    ]

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from vfkit.envs.stateful_tool_env import StatefulToolEnv
+from vfkit.errors import ConfigError
 from vfkit.testing.scripted_server import Reply, TestServer
 
 ROWS = [{"question": "Store then read.", "answer": "", "info": {"user": "ada"}}]
@@ -77,3 +80,85 @@ async def test_unknown_tool_is_reported_without_calling_update():
         state = await env.run_rollout(env.get_dataset()[0], srv.client(), "m")
     assert state["completion"][1]["content"].startswith("Error: unknown tool 'delete_all'")
     assert env.seen_args == []
+
+
+class BrokenUpdate(StatefulToolEnv):
+    """update_tool_args gets one of the author's mistakes, chosen by `mode`."""
+
+    def __init__(self, mode: str, **kwargs):
+        super().__init__(**kwargs)
+        self.mode = mode
+        self.add_tool(write_note, args_to_skip=["store", "owner"])
+
+    def update_tool_args(self, tool_name, tool_args, messages, state):
+        if self.mode == "raises":
+            raise KeyError("store")
+        if self.mode == "mutates":  # sets the arguments in place and forgets to return them
+            tool_args.update(store={}, owner="ada")
+            return None
+        if self.mode == "string":
+            return "store=1"
+        return {**tool_args, "store": {}}  # "partial": forgets owner
+
+
+class NoUpdate(StatefulToolEnv):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.add_tool(write_note, args_to_skip=["store", "owner"])
+
+
+@pytest.mark.parametrize(("make_env", "expected"), [
+    (lambda: BrokenUpdate("raises", dataset=ROWS),
+     "RolloutError: BrokenUpdate.update_tool_args raised KeyError: 'store' (tool 'write_note')"),
+    (lambda: BrokenUpdate("mutates", dataset=ROWS),
+     "RolloutError: BrokenUpdate.update_tool_args must return the tool's arguments as a dict, "
+     "e.g. {**tool_args, 'store': ...}; for tool 'write_note' it returned None"),
+    (lambda: BrokenUpdate("string", dataset=ROWS),
+     "RolloutError: BrokenUpdate.update_tool_args must return the tool's arguments as a dict, "
+     "e.g. {**tool_args, 'store': ...}; for tool 'write_note' it returned 'store=1'"),
+    (lambda: BrokenUpdate("partial", dataset=ROWS),
+     "RolloutError: BrokenUpdate.update_tool_args set no value for the hidden argument(s) "
+     "['owner'] of tool 'write_note'; override update_tool_args to return {**tool_args, "
+     "'owner': ...}"),
+    (lambda: NoUpdate(dataset=ROWS),
+     "RolloutError: NoUpdate.update_tool_args set no value for the hidden argument(s) "
+     "['store', 'owner'] of tool 'write_note'; override update_tool_args to return "
+     "{**tool_args, 'store': ...}"),
+])
+async def test_update_tool_args_mistakes_are_rollout_errors_not_tool_messages(make_env, expected):
+    env = make_env()
+    script = [Reply(tool_calls=[{"name": "write_note", "arguments": {"text": "hi"}}]), "done"]
+    with TestServer(script) as srv:
+        state = await env.run_rollout(env.get_dataset()[0], srv.client(), "m")
+    assert state["error"] == expected and state["stop_condition"] == "error"
+    assert state["reward"] == 0.0
+    assert [m["role"] for m in state["completion"]] == ["assistant"]  # no tool message
+    assert len(srv.requests) == 1  # the model was not asked to recover from it
+
+
+def test_a_hidden_argument_the_tool_does_not_take_is_a_construction_error():
+    class Typo(StatefulToolEnv):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.add_tool(write_note, args_to_skip=["store", "ownr"])
+
+    with pytest.raises(ConfigError, match=r"tool 'write_note' has no parameter\(s\) \['ownr'\] "
+                       r"to hide .*its parameters are \['text', 'store', 'owner'\]"):
+        Typo(dataset=ROWS)
+
+
+async def test_hidden_arguments_with_defaults_or_kwargs_need_no_update():
+    def greet(name: str, greeting: str = "hi", **extra) -> str:
+        """Greet."""
+        return f"{greeting} {name}"
+
+    class Env(StatefulToolEnv):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.add_tool(greet, args_to_skip=["greeting", "trace_id"])  # **extra takes trace_id
+
+    env = Env(dataset=ROWS)  # trace_id is no typo: **extra takes it
+    script = [Reply(tool_calls=[{"name": "greet", "arguments": {"name": "ada"}}]), "done"]
+    with TestServer(script) as srv:
+        state = await env.run_rollout(env.get_dataset()[0], srv.client(), "m")
+    assert state["error"] is None and state["completion"][1]["content"] == "hi ada"

@@ -68,6 +68,28 @@ async def test_completion_cut_at_max_tokens_still_extends():
     assert state["turn"] == 2 and check_extension(state["trajectory"])
 
 
+class TextEnv(MultiTurnEnv):
+    """Completion mode: the environment appends text after each model turn."""
+
+    def env_response(self, messages, state):
+        return "\nUser: go on\nAssistant:"
+
+
+async def test_completion_mode_turns_extend_without_the_sampled_eos(caplog):
+    env = TextEnv(dataset=[{"prompt": "Q:", "answer": ""}], message_type="completion",
+                  max_turns=3)
+    with caplog.at_level(logging.WARNING, logger="vfkit.envs.model_calls"):
+        state = await rollout(env, " A1")
+    steps = state["trajectory"]
+    eos = make_tokenizer().eos_token_id
+    assert [s["tokens"]["completion_ids"][-1] for s in steps] == [eos] * 3  # each stopped
+    assert state["trajectory_extends"] is True and check_extension(steps)
+    assert "do not extend" not in caplog.text
+    # the eos is the only id the next prompt leaves out
+    head = steps[0]["tokens"]["prompt_ids"] + steps[0]["tokens"]["completion_ids"][:-1]
+    assert steps[1]["tokens"]["prompt_ids"][: len(head)] == head
+
+
 async def test_tool_call_turns_extend():
     env = ToolEnv(tools=[add], dataset=ROWS, max_turns=3)
     script = ['<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>', "3"]
@@ -79,7 +101,7 @@ async def test_think_stripping_template_is_detected_and_reported(caplog):
     tokenizer = make_tokenizer()
     tokenizer.chat_template = THINK_STRIPPING_TEMPLATE
     script = ["<think>hmm</think>one", "<think>more</think>two"]
-    with caplog.at_level(logging.WARNING, logger="vfkit.envs.environment"):
+    with caplog.at_level(logging.WARNING, logger="vfkit.envs.model_calls"):
         state = await rollout(ChatEnv(dataset=ROWS, max_turns=2), script, tokenizer=tokenizer)
     steps = state["trajectory"]
     assert extension_breaks(steps) == [1] and not check_extension(steps)

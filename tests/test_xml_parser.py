@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import doctest
+import re
 
 import pytest
 from hypothesis import assume, given, settings
@@ -144,3 +145,22 @@ def test_format_then_parse_round_trips_tag_free_values(think, answer):
     assert parsed.think == think.strip()
     assert parsed.answer == answer.strip()
     assert parser.format_score(parser.format(think=think, answer=answer)) == 1.0
+
+
+def test_answer_field_must_be_one_of_the_fields():
+    with pytest.raises(ValueError, match=re.escape(
+        "XMLParser: answer_field 'answer' is not one of the fields ['reasoning', 'final_answer']; "
+        "pass answer_field=<the field holding the answer>, e.g. XMLParser(['reasoning', "
+        "'final_answer'], answer_field='final_answer')"
+    )):
+        XMLParser(["reasoning", "final_answer"])  # answer_field defaults to "answer"
+    with pytest.raises(ValueError, match="answer_field 'final'"):
+        XMLParser(["think", "answer"], answer_field="final")
+
+
+def test_an_alternative_name_as_answer_field_reads_its_field():
+    parser = XMLParser(["think", ("answer", "final")], answer_field="final")
+    reply = [{"role": "assistant", "content": "<think>t</think><final>42</final>"}]
+    assert parser.answer_field == "answer" and parser.parse_answer(reply) == "42"
+    assert XMLParser(["reasoning", "final_answer"], answer_field="final_answer").parse_answer(
+        [{"role": "assistant", "content": "<final_answer>7</final_answer>"}]) == "7"

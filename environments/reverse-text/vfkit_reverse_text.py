@@ -80,6 +80,18 @@ def answer_text(parser: vf.XMLParser, completion, strict: bool) -> str | None:
     return re.sub(r"</?answer>", "", text or "").strip()
 
 
+def check_text_supply(wanted: int, min_words: int, max_words: int) -> None:
+    """ValueError naming max_words when fewer distinct texts exist than train + eval ask for
+    (max_words=1 allows one per word: the train set shrank silently, the eval set repeated)."""
+    distinct = sum(len(WORDS) ** k for k in range(min_words, max_words + 1))
+    if distinct < wanted:
+        raise ValueError(
+            f"reverse-text: min_words={min_words}, max_words={max_words} allow only {distinct} "
+            f"distinct texts, fewer than num_train_examples + num_eval_examples = {wanted}; "
+            "raise max_words, or ask for fewer examples"
+        )
+
+
 def load_environment(
     num_train_examples: int = 2000,
     num_eval_examples: int = 200,
@@ -94,10 +106,17 @@ def load_environment(
     """Build the environment; the text length (in words) sets the difficulty."""
     if not 1 <= min_words <= max_words:
         raise ValueError(f"need 1 <= min_words <= max_words, got {min_words}, {max_words}")
+    check_text_supply(num_train_examples + num_eval_examples, min_words, max_words)
     eval_texts = make_texts(num_eval_examples, seed + 1, min_words, max_words)
     held_out = set(eval_texts)
     train_texts = [t for t in make_texts(num_train_examples * 2, seed, min_words, max_words)
                    if t not in held_out][:num_train_examples]
+    if len(train_texts) < num_train_examples:  # the held-out eval texts took most of them
+        raise ValueError(
+            f"reverse-text: only {len(train_texts)} training texts of {min_words}..{max_words} "
+            f"words are not eval texts (num_train_examples={num_train_examples}); raise "
+            "max_words, or ask for fewer examples"
+        )
     parser = vf.XMLParser(["answer"])
 
     def reversal_reward(completion, answer: str) -> float:

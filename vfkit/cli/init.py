@@ -3,11 +3,16 @@
     vf-init word-count            # environments/word-count/{pyproject.toml, word_count.py,
                                   #   README.md, tests/test_word_count.py}
     vf-install word-count && pytest environments/word-count
+
+The package is the distribution `vfkit-word-count` with the module `word_count`. An id whose
+module is already importable (`datasets`, `numpy`: installing the package would shadow it) or
+that names the same module as a sibling folder (`my_env` beside `my-env`) is refused.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import keyword
 import re
 import sys
@@ -38,9 +43,29 @@ def check_name(name: str) -> str:
     return name
 
 
+def check_free(name: str, path: Path) -> None:
+    """Refuse `name` when its module is taken: importable from elsewhere, or a sibling folder
+    under `path` that normalises to the same module (`my_env` beside `my-env`)."""
+    module = module_name(name)
+    for sibling in sorted(path.iterdir()) if path.is_dir() else []:
+        if sibling.name != name and module_name(sibling.name) == module:
+            raise ConfigError(f"environment name {name!r} names the same module {module!r} as "
+                              f"the existing {sibling}; use {sibling.name!r} or another name")
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):  # a broken installed package of that name: taken too
+        spec = None
+    origin = Path(spec.origin).resolve() if spec is not None and spec.origin else None
+    if spec is not None and origin != (path / name / f"{module}.py").resolve():
+        where = origin or "a namespace package"
+        raise ConfigError(f"environment name {name!r} would shadow the installed module "
+                          f"{module!r} ({where}); pick another name, e.g. {name}-env")
+
+
 def init_environment(name: str, path: Path = Path("environments"), force: bool = False) -> Path:
     """Write the package for `name` under `path`; return its folder."""
     check_name(name)
+    check_free(name, path)
     folder = path / name
     if folder.exists() and any(folder.iterdir()) and not force:
         raise VfkitError(f"{folder} already exists and is not empty; pick another name or pass "

@@ -1,4 +1,10 @@
-"""The files `vf-init NAME` writes: a package whose own test passes before anything is edited."""
+"""The files `vf-init NAME` writes: a package whose own test passes before anything is edited.
+
+The distribution is `vfkit-NAME`, as the bundled environments' are (environments/README.md), so
+that pip never replaces another project's package of the same name; the module keeps the id's
+name (`-` -> `_`). The Python files are `ruff format` clean at ruff's default line length and at
+vfkit's 100 (the trailing commas keep the long calls exploded at both).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +16,7 @@ requires = ["setuptools>=68"]
 build-backend = "setuptools.build_meta"
 
 [project]
-name = "$name"
+name = "vfkit-$name"
 version = "0.1.0"
 description = "$name: a vfkit environment"
 readme = "README.md"
@@ -53,12 +59,20 @@ def exact_answer(parser: vf.Parser, completion, answer: str) -> float:
 
 def load_environment(num_examples: int = len(WORDS)) -> vf.Environment:
     """Build the environment; keyword arguments come from `vf-eval $name -a '{...}'`."""
-    rows = [{"question": f"Repeat this word: {w}", "answer": w} for w in WORDS[:num_examples]]
+    words = WORDS[:num_examples]
+    rows = [{"question": f"Repeat this word: {w}", "answer": w} for w in words]
     parser = vf.XMLParser(["answer"])
-    rubric = vf.Rubric(funcs=[exact_answer, parser.get_format_reward_func()],
-                       weights=[1.0, 0.2], parser=parser)
-    return vf.SingleTurnEnv(dataset=rows, system_prompt=SYSTEM_PROMPT, parser=parser,
-                            rubric=rubric)
+    rubric = vf.Rubric(
+        funcs=[exact_answer, parser.get_format_reward_func()],
+        weights=[1.0, 0.2],
+        parser=parser,
+    )
+    return vf.SingleTurnEnv(
+        dataset=rows,
+        system_prompt=SYSTEM_PROMPT,
+        parser=parser,
+        rubric=rubric,
+    )
 
 
 # verifiers v1 / prime-rl: `vf.load_taskset("$name")` (needs vfkit[verifiers])

@@ -17,10 +17,12 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import datasets
+import pyarrow as pa
 from datasets import Dataset
 
 from vfkit.envs.content import as_parts, drop_none_keys, image_parts, text_part
@@ -28,6 +30,7 @@ from vfkit.errors import ConfigError
 from vfkit.types import Message, Messages
 
 IMAGE_COLUMNS = ("image", "images")
+logger = logging.getLogger(__name__)
 
 
 def build_prompt(
@@ -122,6 +125,11 @@ def format_row(
                 f"dataset row {index} has neither 'prompt' nor 'question' (columns: "
                 f"{sorted(out)}); give each row one of them"
             )
+        if not isinstance(out["question"], str):
+            raise ConfigError(
+                f"dataset row {index}: 'question' must be a str, not {out['question']!r:.60} "
+                f"({type(out['question']).__name__}); convert it (str(...)) or drop the row"
+            )
         out["prompt"] = build_prompt(
             out["question"], system_prompt=system_prompt, few_shot=few_shot,
             message_type=message_type, images=row_image_parts(out),
@@ -149,11 +157,24 @@ def format_dataset(
     message_type: str = "chat",
     task: str = "default",
 ) -> Dataset | None:
-    """A datasets.Dataset with the columns rollouts need (see module doc); None stays None."""
+    """A datasets.Dataset with the columns rollouts need (see module doc); None stays None.
+
+    `few_shot` goes between the system prompt and the question of rows built from `question`:
+    it is a ConfigError in completion mode, and a warning for a dataset with a `prompt` column
+    (its prompts are used as they are).
+    """
+    if few_shot and message_type == "completion":
+        raise ConfigError("few_shot needs message_type='chat' (it is a list of chat messages); "
+                          "in completion mode write the examples into system_prompt or the "
+                          "prompt column instead")
     if dataset is None:
         return None
     if not isinstance(dataset, Dataset):
-        dataset = Dataset.from_list([dict(r) for r in dataset])
+        dataset = rows_to_dataset([dict(r) for r in dataset])
+    if few_shot and "prompt" in dataset.column_names:
+        logger.warning("few_shot is not used: the dataset has a 'prompt' column, whose prompts "
+                       "are used as they are; put the examples into those prompts, or give the "
+                       "rows a 'question' column instead")
     kwargs = {"system_prompt": system_prompt, "few_shot": few_shot,
               "message_type": message_type, "task": task}
     consumed = [c for c in IMAGE_COLUMNS if c in dataset.column_names]
@@ -174,6 +195,50 @@ def quiet_datasets() -> Iterator[None]:
     finally:
         if not was_disabled:
             datasets.enable_progress_bars()
+
+
+def rows_to_dataset(rows: list[dict[str, Any]], sources: Sequence[str] | None = None) -> Dataset:
+    """`Dataset.from_list(rows)`; a column whose values Arrow cannot hold as one type is a
+    ConfigError naming the column and two rows that clash (with each row's source, e.g. the
+    EnvGroup environment it came from, when `sources` gives one per row)."""
+    try:
+        return Dataset.from_list(rows)
+    except pa.ArrowException as e:
+        raise ConfigError(type_clash(rows, e, sources)) from e
+
+
+def type_clash(rows: list[dict[str, Any]], error: Exception, sources: Sequence[str] | None) -> str:
+    """What to tell the author when `rows` do not fit one Arrow schema (see rows_to_dataset)."""
+
+    def where(i: int) -> str:
+        source = f" (environment {sources[i]!r})" if sources is not None else ""
+        value = rows[i].get(column)
+        return f"row {i}{source} has {value!r:.60} ({type(value).__name__})"
+
+    for column in dict.fromkeys(k for row in rows for k in row):
+        pair = clashing_rows([row.get(column) for row in rows])
+        if pair is not None:
+            return (f"dataset column {column!r} mixes types that Arrow cannot store in one "
+                    f"column: {where(pair[0])}, {where(pair[1])}; give the column one type in "
+                    "every row (e.g. str(...) each value; for dicts such as info, the same value "
+                    "type under each key)")
+    return f"the dataset rows do not fit one Arrow schema ({error}); give each column one type"
+
+
+def clashing_rows(values: list[Any]) -> tuple[int, int] | None:
+    """Two indices of `values` that Arrow cannot put in one array (None when all fit)."""
+    try:
+        pa.array(values)
+        return None
+    except pa.ArrowException:
+        pass
+    present = [i for i, value in enumerate(values) if value is not None]
+    for j in present[1:]:
+        try:
+            pa.array([values[present[0]], values[j]])
+        except pa.ArrowException:
+            return present[0], j
+    return None
 
 
 def select(dataset: Dataset, n: int = -1, seed: int | None = None) -> Dataset:

@@ -16,7 +16,7 @@ from typing import Any
 from datasets import Dataset
 from openai import AsyncOpenAI
 
-from vfkit.envs.dataset import unify_content
+from vfkit.envs.dataset import rows_to_dataset, unify_content
 from vfkit.envs.environment import Environment
 from vfkit.errors import ConfigError
 from vfkit.types import SamplingArgs, State
@@ -27,13 +27,26 @@ class EnvGroupRubric:
 
     def __init__(self, env_map: dict[str, Environment]) -> None:
         self.env_map = env_map
-        names: dict[str, None] = {}
+        self._first: dict[str, tuple[Any, float]] = {}  # name -> (function, weight)
         for env in env_map.values():
-            names.update(dict.fromkeys(env.rubric.get_reward_func_names()))
-        self.all_names = list(names)
+            rubric = env.rubric
+            for item in zip(rubric.get_reward_func_names(), rubric.get_reward_funcs(),
+                            rubric.get_reward_weights(), strict=True):
+                self._first.setdefault(item[0], item[1:])
+        self.all_names = list(self._first)
 
     def get_reward_func_names(self) -> list[str]:
+        """Every environment's reward function names (each once, in environment order)."""
         return list(self.all_names)
+
+    def get_reward_funcs(self) -> list[Any]:
+        """One function per name of `get_reward_func_names` (the first environment's)."""
+        return [self._first[name][0] for name in self.all_names]
+
+    def get_reward_weights(self) -> list[float]:
+        """One weight per name of `get_reward_func_names`: the first environment's that has a
+        function of that name (the verifiers v1 bridge records rewards by these weights)."""
+        return [self._first[name][1] for name in self.all_names]
 
     async def score_rollout(self, state: State) -> None:
         await self.score_group([state])
@@ -90,7 +103,7 @@ class EnvGroup(Environment):
         columns = dict.fromkeys(k for row in rows for k in row)
         # every row gets every column (from_list reads the columns off the first row only)
         rows = [{**dict.fromkeys(columns), **row, "example_id": i} for i, row in enumerate(rows)]
-        return Dataset.from_list(unify_content(rows))
+        return rows_to_dataset(unify_content(rows), sources=[row["task"] for row in rows])
 
     def get_env(self, task: str) -> Environment:
         """The environment that runs rows of `task`."""

@@ -25,24 +25,21 @@ from datasets import Dataset
 from openai import AsyncOpenAI
 
 from vfkit.advantage import set_group_advantages
-from vfkit.client.chat_call import (
-    call_model,
-    cap_max_tokens,
-    finish_reason,
-    prepare_sampling_args,
-    response_message,
-    response_text,
-)
 from vfkit.client.client_config import resolve_client
-from vfkit.client.limits import SequenceLimits
-from vfkit.client.sampling import merge_sampling_args, seed_groups, seed_rollouts, seed_turn
-from vfkit.client.tokens import parse_tokens
-from vfkit.envs.async_utils import error_text, maybe_await, run_sync
-from vfkit.envs.dataset import clean_messages, format_dataset, format_row, parse_info, select
+from vfkit.client.sampling import merge_sampling_args, seed_groups, seed_rollouts
+from vfkit.envs.async_utils import (
+    INTERRUPTS,
+    error_text,
+    maybe_await,
+    own_connections,
+    run_sync,
+)
+from vfkit.envs.dataset import format_dataset, format_row, select
+from vfkit.envs.model_calls import ModelCalls
 from vfkit.envs.outputs import GenerateOutputs
-from vfkit.envs.trajectory import step_extends
-from vfkit.errors import ConfigError, ContextOverflowError
-from vfkit.types import Message, Messages, SamplingArgs, State, StopCondition, TrajectoryStep
+from vfkit.envs.state import complete_state, failed_state, new_state
+from vfkit.errors import ConfigError
+from vfkit.types import Message, SamplingArgs, State
 
 __all__ = ["Environment", "GenerateOutputs"]
 
@@ -50,7 +47,7 @@ logger = logging.getLogger(__name__)
 OnGroup = Callable[[list[State]], Any]
 
 
-class Environment:
+class Environment(ModelCalls):
     """Base class: owns the dataset, parser, rubric and the rollout engine; subclasses `rollout`.
 
     Most environments subclass MultiTurnEnv / SingleTurnEnv / ToolEnv rather than this class.
@@ -84,14 +81,14 @@ class Environment:
                "message_type": message_type, "task": env_id or "default"}
         self.dataset = format_dataset(dataset, **fmt)
         self.eval_dataset = format_dataset(eval_dataset, **fmt)
-        if parser is None:
-            from vfkit.parsers.parser import Parser
+        from vfkit.parsers.parser import Parser
+        from vfkit.rubrics.rubric import Rubric, share_parser
 
-            parser = Parser()
+        parser_given, parser = parser is not None, parser if parser is not None else Parser()
         if rubric is None:
-            from vfkit.rubrics.rubric import Rubric
-
             rubric = Rubric(parser=parser)
+        elif parser_given:
+            share_parser(rubric, parser, env_id or type(self).__name__)
         self.parser, self.rubric = parser, rubric
         self.sampling_args = dict(sampling_args or {})
         self.max_seq_len = max_seq_len
@@ -126,103 +123,11 @@ class Environment:
             row = format_row(dict(input), int(input.get("example_id") or 0),
                              system_prompt=self.system_prompt, few_shot=self.few_shot,
                              message_type=self.message_type, task=self.env_id or "default")
-        return {
-            "example_id": row.get("example_id", 0),
-            "task": row.get("task") or self.env_id or "default",
-            "prompt": clean_messages(row["prompt"]),
-            "completion": "" if isinstance(row["prompt"], str) else [],
-            "answer": row.get("answer") or "",
-            "info": parse_info(row.get("info")),
-            "reward": None,
-            "advantage": None,
-            "metrics": {},
-            "is_truncated": False,
-            "error": None,
-            "timing": {"generation_ms": 0.0, "scoring_ms": 0.0, "total_ms": 0.0},
-            "stop_condition": None,
-            "trajectory": [],
-            "responses": [],
-            "turn": 0,
-        }
+        return new_state(row, self.env_id or "default")
 
     def error_state(self, input: dict[str, Any], error: BaseException) -> State:
         """The state of a rollout that raised before returning one (even from a bad input)."""
-        try:
-            state = self.init_state(input)
-        except Exception:  # the input itself is broken: keep what can be kept
-            state = {**self.init_state({**input, "prompt": []}),
-                     "prompt": input.get("prompt")}
-        state["error"], state["stop_condition"] = error_text(error), StopCondition.ERROR.value
-        return state
-
-    # ----- one model call -----
-    def known_prompt_len(self, state: State) -> int | None:
-        """Tokens the next prompt has at least: the last step's prompt + completion ids."""
-        if not state["trajectory"]:
-            return None
-        tokens = state["trajectory"][-1].get("tokens")
-        return len(tokens["prompt_ids"]) + len(tokens["completion_ids"]) if tokens else None
-
-    def mark_prompt_too_long(self, state: State) -> None:
-        state["prompt_too_long"] = state["is_truncated"] = True
-
-    async def get_model_response(
-        self,
-        state: State,
-        prompt: Messages,
-        client: AsyncOpenAI,
-        model: str,
-        sampling_args: SamplingArgs | None,
-        tools: list[dict[str, Any]] | None = None,
-    ) -> dict[str, Any] | None:
-        """Call the model once; None (state marked prompt_too_long) when the context is full."""
-        args = seed_turn(prepare_sampling_args(sampling_args, self.message_type), state["turn"])
-        known, limits = self.known_prompt_len(state), SequenceLimits(self.max_seq_len)
-        budget = None if known is None else limits.completion_budget(known)
-        if budget is not None:
-            if budget <= 0:
-                self.mark_prompt_too_long(state)
-                return None
-            args = cap_max_tokens(args, budget)
-        try:
-            return await call_model(client, model, prompt, args, tools=tools)
-        except ContextOverflowError as e:
-            logger.debug("context overflow ends rollout %s: %s", state["example_id"], e)
-            self.mark_prompt_too_long(state)
-            return None
-
-    def add_model_response(self, state: State, prompt: Messages, response: dict[str, Any]) -> None:
-        """Record one model call: trajectory step (with token ids), completion, truncation."""
-        if isinstance(prompt, str):
-            completion: Messages = response_text(response)
-            state["completion"] += completion
-        else:
-            completion = [response_message(response)]
-            state["completion"].extend(completion)
-        tokens = parse_tokens(response, self.max_seq_len)
-        step = TrajectoryStep(prompt=prompt, completion=completion, response=response,
-                              tokens=tokens, reward=None, advantage=None, extras={})
-        state["trajectory"].append(step)
-        state["responses"].append(response)
-        state["turn"] += 1
-        if tokens is not None and tokens["overlong_prompt"]:
-            self.mark_prompt_too_long(state)
-        if finish_reason(response) == "length" or (tokens is not None and tokens["is_truncated"]):
-            state["is_truncated"] = True
-        if len(state["trajectory"]) > 1:
-            self.record_extension(state)
-
-    def record_extension(self, state: State) -> None:
-        """Note in state["trajectory_extends"] whether the newest step extends the previous one."""
-        extends = step_extends(state["trajectory"][-2], state["trajectory"][-1])
-        if extends is False and state.get("trajectory_extends") is not False:
-            logger.warning(
-                "rollout %s: turn %d's prompt ids do not extend the previous prompt + completion "
-                "(the chat template rewrites history); train on its steps separately",
-                state["example_id"], state["turn"],
-            )
-        if extends is not None:
-            state["trajectory_extends"] = bool(state.get("trajectory_extends", True) and extends)
+        return failed_state(self.init_state, input, error)
 
     # ----- rollouts -----
     async def rollout(
@@ -253,7 +158,10 @@ class Environment:
             else:
                 async with sem:
                     state = await self.rollout(input, client, model, sampling_args)
-        except Exception as e:  # a failed rollout is recorded, never fatal to its group
+            state = complete_state(state, input, self.init_state, type(self).__name__)
+        except INTERRUPTS:
+            raise
+        except BaseException as e:  # a failed rollout is recorded, never fatal to its group
             logger.warning("rollout of example %s failed: %s", input.get("example_id"), e)
             state = self.error_state(input, e)
         state["timing"]["generation_ms"] = (time.perf_counter() - start) * 1000
@@ -269,7 +177,9 @@ class Environment:
             else:
                 async with sem:
                     await self.rubric.score_group(states)
-        except Exception as e:  # a broken rubric must not kill the batch either
+        except INTERRUPTS:
+            raise
+        except BaseException as e:  # a broken rubric must not kill the batch either
             for s in states:
                 s["error"] = s.get("error") or f"scoring failed: {error_text(e)}"
                 s["reward"] = 0.0
@@ -333,7 +243,7 @@ class Environment:
         sampling_args: SamplingArgs | None = None, *, rollouts_per_example: int = 1,
         max_concurrent: int = -1, max_concurrent_scoring: int = -1, on_group: OnGroup | None = None,
         state_columns: list[str] | None = None,
-        rollout_indices: Mapping[Any, Sequence[int]] | None = None,
+        rollout_indices: Mapping[Any, Sequence[int]] | None = None, score: bool = True,
     ) -> GenerateOutputs:
         """Run `rollouts_per_example` rollouts per input as groups; states in input order.
 
@@ -342,7 +252,8 @@ class Environment:
         (sync or async) gets each group's states as soon as that group is scored. A `seed` in
         the sampling args seeds each group by its example_id (client/sampling.py).
         `rollout_indices`: example_id -> which rollouts of its group to run (`run_group`'s),
-        for a resumed eval that runs only the missing ones.
+        for a resumed eval that runs only the missing ones. `score=False`: no rubric (reward
+        and advantage stay None).
         """
         rows = [dict(r) for r in inputs]
         per_group = seed_groups(self.merge_sampling_args(sampling_args), rows)
@@ -357,7 +268,7 @@ class Environment:
             indices = (rollout_indices or {}).get(row.get("example_id"))
             states = await self.run_group(group, client, model, group_args, gen_sem=gen_sem,
                                           score_sem=score_sem, state_columns=state_columns,
-                                          rollout_indices=indices)
+                                          rollout_indices=indices, score=score)
             if on_group is not None:
                 await maybe_await(on_group(states))
             return states
@@ -382,18 +293,59 @@ class Environment:
         self, client: AsyncOpenAI, model: str, sampling_args: SamplingArgs | None = None,
         num_examples: int = -1, rollouts_per_example: int = 1, max_concurrent: int = -1,
         max_concurrent_scoring: int = -1, seed: int | None = None,
-        on_group: OnGroup | None = None,
+        on_group: OnGroup | None = None, state_columns: list[str] | None = None,
+        score_rollouts: bool = True, **classic: Any,
     ) -> GenerateOutputs:
-        """Roll out and score the eval dataset's first `num_examples` rows (all when -1)."""
+        """Roll out and score the eval dataset's first `num_examples` rows (all when -1).
+
+        `state_columns` and `score_rollouts` (False: unscored) are generate's; of classic
+        verifiers' other keywords, `max_concurrent_generation` means `max_concurrent`, and its
+        saving options (save_results=True, results_path, ...) are ConfigErrors: vf-eval saves.
+        """
+        max_concurrent = classic_max_concurrent(classic, max_concurrent)
         dataset = self.get_eval_dataset(n=num_examples, seed=seed)
         return await self.generate(
             dataset, client, model, sampling_args, rollouts_per_example=rollouts_per_example,
             max_concurrent=max_concurrent, max_concurrent_scoring=max_concurrent_scoring,
-            on_group=on_group,
+            on_group=on_group, state_columns=state_columns, score=score_rollouts,
         )
 
     def evaluate(
         self, client: AsyncOpenAI, model: str, *args: Any, **kwargs: Any
     ) -> GenerateOutputs:
-        """Blocking a_evaluate (runs its own event loop; in a worker thread if one is running)."""
-        return run_sync(self.a_evaluate(client, model, *args, **kwargs))
+        """Blocking a_evaluate (runs its own event loop; in a worker thread if one is running).
+
+        The client's requests go through a connection pool opened for this call (async_utils.
+        own_connections), so the same client works again in the next blocking call.
+        """
+
+        async def run() -> GenerateOutputs:
+            async with own_connections(client) as own:
+                return await self.a_evaluate(own, model, *args, **kwargs)
+
+        return run_sync(run())
+
+
+CLASSIC_SAVING = ("save_results", "results_path", "push_to_hub", "hub_name")
+
+
+def classic_max_concurrent(classic: dict[str, Any], max_concurrent: int) -> int:
+    """`max_concurrent`, or classic verifiers' `max_concurrent_generation` for it; its saving
+    options are ConfigErrors (a false or None value asks for nothing and passes)."""
+    saving = [key for key in CLASSIC_SAVING if classic.get(key)]
+    if saving:
+        raise ConfigError(
+            f"evaluate({saving[0]}=...): vfkit's evaluate() returns the rollouts and saves "
+            "nothing; run `vf-eval <env> -m <model>` (it writes outputs/evals/<env>--<model>/"
+            "<id>/results.jsonl), or save out.states yourself"
+        )
+    unknown = sorted(set(classic) - {"max_concurrent_generation", *CLASSIC_SAVING})
+    if unknown:
+        raise TypeError(f"evaluate() got unexpected keyword argument(s) {unknown}")
+    generation = classic.get("max_concurrent_generation")
+    if generation is None:
+        return max_concurrent
+    if max_concurrent > 0 and generation != max_concurrent:
+        raise ConfigError(f"evaluate(): max_concurrent={max_concurrent} and "
+                          f"max_concurrent_generation={generation} disagree; give one of them")
+    return int(generation)

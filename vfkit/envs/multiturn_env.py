@@ -13,6 +13,11 @@ stop conditions — predicates on the state — with `@stop`:
         def solved(self, state) -> bool:
             return state.get("solved", False)
 
+`env_response` returns a list of messages (a single message dict is taken as one), or a str in
+completion mode; anything else ends the rollout with an error naming it and what it returned.
+An exception in a hook or stop condition is recorded with the hook's name ("KeyError: 'board'
+(raised in Guess.env_response)").
+
 The stop condition that ended a rollout is recorded by name in state["stop_condition"].
 Built-ins: prompt_too_long (context full), max_tokens_reached (last completion cut off),
 max_turns_reached (`max_turns` model calls; <= 0 means no limit).
@@ -26,9 +31,10 @@ from typing import Any
 
 from openai import AsyncOpenAI
 
-from vfkit.envs.async_utils import error_text, maybe_await
+from vfkit.envs.async_utils import INTERRUPTS, error_text, run_hook
 from vfkit.envs.environment import Environment
-from vfkit.types import Messages, SamplingArgs, State, StopCondition
+from vfkit.errors import ConfigError
+from vfkit.types import Message, Messages, SamplingArgs, State, StopCondition
 
 logger = logging.getLogger(__name__)
 StopFn = Callable[..., Any]
@@ -48,10 +54,31 @@ def stop(func: StopFn | None = None, *, priority: int = 0) -> Any:
     return mark(func) if func is not None else mark
 
 
+def checked_messages(hook: str, result: Any) -> list[Message]:
+    """`result` as chat messages (a lone message dict is one); TypeError naming `hook` if it is
+    not a list of dicts with a str 'role' and a 'content' (or 'tool_calls')."""
+    messages = [result] if isinstance(result, dict) else result
+    if isinstance(messages, list | tuple):
+        bad = [i for i, m in enumerate(messages) if not isinstance(m, dict)
+               or not isinstance(m.get("role"), str) or not ("content" in m or "tool_calls" in m)]
+        if not bad:
+            return list(messages)
+        where = f" (message {bad[0]}: {messages[bad[0]]!r:.80})"
+    else:
+        where = ""
+    raise TypeError(
+        f"{hook} must return a list of messages, each a dict with 'role' and 'content' (e.g. "
+        f"[{{'role': 'user', 'content': 'try again'}}]); it returned {result!r:.120}{where}"
+    )
+
+
 class MultiTurnEnv(Environment):
     """Alternates model turns and `env_response` until a `@stop` condition holds."""
 
     def __init__(self, max_turns: int = 10, **kwargs: Any) -> None:
+        if not isinstance(max_turns, int) or isinstance(max_turns, bool):
+            raise ConfigError(f"max_turns must be an int (model turns per rollout; <= 0 means "
+                              f"no limit), not {max_turns!r}")
         super().__init__(**kwargs)
         self.max_turns = max_turns
         self.stop_conditions = self._collect_stop_conditions()
@@ -84,7 +111,7 @@ class MultiTurnEnv(Environment):
             state["stop_condition"] = StopCondition.ERROR.value
             return True
         for name, fn in self.stop_conditions:
-            if await maybe_await(fn(state)):
+            if await run_hook(f"stop condition {name!r}", fn, state):
                 state["stop_condition"] = name
                 return True
         return False
@@ -110,17 +137,25 @@ class MultiTurnEnv(Environment):
 
     async def add_env_response(self, state: State) -> None:
         """Ask `env_response` for its reply and append it to the completion."""
-        result = await maybe_await(self.env_response(self.current_prompt(state), state))
+        hook = f"{type(self).__name__}.env_response"
+        result = await run_hook(hook, self.env_response, self.current_prompt(state), state)
         if isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], dict):
             result, new_state = result
             if new_state is not state:
                 state.update(new_state)
-        if not result:
+        if result is None or (isinstance(result, list | tuple | str) and not result):
             return
         if isinstance(state["completion"], str):
-            state["completion"] += str(result)
+            if not isinstance(result, str):
+                raise TypeError(f"{hook} must return a str in completion mode (the text added "
+                                f"to the prompt); it returned {result!r:.120}")
+            state["completion"] += result
         else:
-            state["completion"].extend([result] if isinstance(result, dict) else list(result))
+            state["completion"].extend(checked_messages(hook, result))
+
+    async def completed(self, state: State) -> bool:
+        """`is_completed`, with an exception noted as the hook's (it may be overridden)."""
+        return bool(await run_hook(f"{type(self).__name__}.is_completed", self.is_completed, state))
 
     # ----- the loop -----
     async def rollout(
@@ -129,11 +164,12 @@ class MultiTurnEnv(Environment):
         """Model turn, stop check, environment turn, stop check, ... (errors end it, recorded)."""
         state = self.init_state(input)
         try:
-            state = await self.setup_state(state) or state
-            while not await self.is_completed(state):
+            hook = f"{type(self).__name__}.setup_state"
+            state = await run_hook(hook, self.setup_state, state) or state
+            while not await self.completed(state):
                 if state["turn"] > 0:
                     await self.add_env_response(state)
-                    if await self.is_completed(state):
+                    if await self.completed(state):
                         break
                 prompt = self.current_prompt(state)
                 response = await self.get_model_response(
@@ -143,7 +179,9 @@ class MultiTurnEnv(Environment):
                     self.add_model_response(state, prompt, response)
                 elif not state.get("prompt_too_long"):  # no reply must not loop forever
                     self.mark_prompt_too_long(state)
-        except Exception as e:  # recorded on the state with everything gathered so far
-            logger.warning("rollout of example %s failed: %s", state["example_id"], e)
+        except INTERRUPTS:
+            raise
+        except BaseException as e:  # recorded with everything gathered so far (SystemExit too)
+            logger.warning("rollout of example %s failed: %s", state["example_id"], error_text(e))
             state["error"], state["stop_condition"] = error_text(e), StopCondition.ERROR.value
         return state

@@ -20,6 +20,8 @@ message text and shows the turn's images in one user message after them.
 Every way a call can go wrong — arguments that are not JSON, JSON encoded twice, an unknown
 tool, a missing argument, a tool that raises — becomes a tool message the model sees
 ("Error: ..."), and the rollout goes on: the model gets to recover, as it would in production.
+A `vfkit.errors.RolloutError` is the exception: it is the environment's own failure, not the
+model's, and ends the rollout with that error recorded.
 """
 
 from __future__ import annotations
@@ -30,15 +32,17 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from vfkit.envs.async_utils import INTERRUPTS
 from vfkit.envs.content import move_images_to_user, tool_content
 from vfkit.envs.multiturn_env import MultiTurnEnv, stop
-from vfkit.envs.tool_schema import function_to_tool_schema
-from vfkit.errors import ConfigError
+from vfkit.envs.tool_schema import (
+    ToolArgumentError,
+    argument_validators,
+    function_to_tool_schema,
+    validate_arguments,
+)
+from vfkit.errors import ConfigError, RolloutError
 from vfkit.types import Message, Messages, State
-
-
-class ToolArgumentError(ValueError):
-    """The model's tool-call arguments could not be read as a JSON object."""
 
 
 class UnknownToolError(LookupError):
@@ -86,6 +90,7 @@ class ToolEnv(MultiTurnEnv):
         self.tool_images = tool_images
         self.tools: dict[str, Callable[..., Any]] = {}
         self.oai_tools: list[dict[str, Any]] = []
+        self.tool_validators: dict[str, dict[str, Any]] = {}  # name -> argument -> validator
         for tool in tools or []:
             self.add_tool(tool)
 
@@ -97,6 +102,7 @@ class ToolEnv(MultiTurnEnv):
             raise ConfigError(f"two tools are named {name!r}; tool names must be unique")
         self.tools[name] = tool
         self.oai_tools.append(schema)
+        self.tool_validators[name] = argument_validators(tool, skip)
 
     def tools_for(self, state: State) -> list[dict[str, Any]] | None:
         return self.oai_tools or None
@@ -125,7 +131,9 @@ class ToolEnv(MultiTurnEnv):
         try:
             args = parse_tool_arguments(function.get("arguments"))
             content = format_result(await self.call_tool(name, args, messages, state))
-        except Exception as e:
+        except (*INTERRUPTS, RolloutError):  # the environment's failure, not the model's
+            raise
+        except BaseException as e:  # SystemExit too: argparse exits on arguments it rejects
             content = self.format_error(name, e)
         state["tool_calls_made"] = state.get("tool_calls_made", 0) + 1
         return {"role": "tool", "content": content, "tool_call_id": call.get("id", "")}
@@ -137,12 +145,13 @@ class ToolEnv(MultiTurnEnv):
         tool = self.tools.get(name)
         if tool is None:
             raise UnknownToolError(f"unknown tool {name!r}; available tools: {sorted(self.tools)}")
+        args = validate_arguments(name, args, self.tool_validators.get(name, {}))
         if inspect.iscoroutinefunction(tool):
             return await tool(**args)
         result = await asyncio.to_thread(tool, **args)
         return await result if inspect.isawaitable(result) else result
 
-    def format_error(self, name: str, error: Exception) -> str:
+    def format_error(self, name: str, error: BaseException) -> str:
         """The text the model sees when its call `name` failed (override to change wording)."""
         if isinstance(error, ToolArgumentError | UnknownToolError):
             return f"Error: {error}"

@@ -10,6 +10,10 @@ template the sampled ids end with `<|im_end|>` and the template adds "\\n" after
 at max_tokens (no eos) still extends when the template closes the turn after the raw text. What
 breaks extension is a template that rewrites history: stripping earlier `<think>` blocks,
 trimming whitespace from content, or re-serialising tool-call arguments differently.
+
+In completion mode the next prompt is the previous prompt + completion *text*, tokenized again:
+the eos the model sampled to stop (the last id of a completion that finished with "stop") is not
+in that text, so it is left out of the comparison.
 """
 
 from __future__ import annotations
@@ -25,7 +29,18 @@ def step_extends(previous: TrajectoryStep, current: TrajectoryStep) -> bool | No
     if not prev or not cur or prev.get("overlong_prompt") or cur.get("overlong_prompt"):
         return None
     head = list(prev["prompt_ids"]) + list(prev["completion_ids"])
-    return list(cur["prompt_ids"][: len(head)]) == head
+    if list(cur["prompt_ids"][: len(head)]) == head:
+        return True
+    if isinstance(previous.get("prompt"), str) and stopped(previous) and prev["completion_ids"]:
+        head = head[:-1]  # the sampled eos: no text of the next prompt holds it
+        return list(cur["prompt_ids"][: len(head)]) == head
+    return False
+
+
+def stopped(step: TrajectoryStep) -> bool:
+    """Whether the step's model call ended on its own (finish_reason "stop": an eos sampled)."""
+    choices = (step.get("response") or {}).get("choices") or [{}]
+    return choices[0].get("finish_reason") == "stop"
 
 
 def extension_breaks(trajectory: Sequence[TrajectoryStep]) -> list[int]:

@@ -48,14 +48,22 @@ class XMLParser(Parser):
     '<think>\\n2+2\\n</think>\\n<answer>\\n4\\n</answer>'
 
     `parse` takes the first occurrence of each field (`last=True`: the last one); `parse_answer`
-    takes the last occurrence in the last assistant message that has the answer field.
+    takes the last occurrence in the last assistant message that has the answer field
+    (`answer_field`, "answer" by default; it must name one of the fields, or one of its
+    alternative names).
     """
 
     def __init__(self, fields: Sequence[FieldSpec], answer_field: str = "answer", **kwargs: Any):
         super().__init__(**kwargs)
         self._fields = _normalize_fields(fields)
-        self.answer_field = answer_field
         self._canonical = {name: names[0] for names in self._fields for name in names}
+        if answer_field not in self._canonical:  # parse_answer would always be None
+            raise ValueError(
+                f"XMLParser: answer_field {answer_field!r} is not one of the fields "
+                f"{self.get_fields()}; pass answer_field=<the field holding the answer>, e.g. "
+                f"XMLParser({list(fields)!r}, answer_field={self.get_fields()[-1]!r})"
+            )
+        self.answer_field = self._canonical[answer_field]  # an alternative name reads its field
         alternation = "|".join(re.escape(name) for name in self._canonical)
         self._tag_re = re.compile(rf"<(/?)({alternation})>")
         self._block_res = {

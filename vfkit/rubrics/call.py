@@ -14,6 +14,7 @@ import ctypes
 import functools
 import inspect
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -91,7 +92,8 @@ async def call_with_declared_args(func: Callable[..., Any], available: dict[str,
     function (an HTTP call, a sandbox) runs. It is a daemon thread of its own, not the loop's
     executor: a function that never returns must not keep the process from exiting (the
     executor's threads are joined at exit, and a hung one made vf-train unkillable but by
-    SIGKILL).
+    SIGKILL). At most MAX_THREADS such calls run at once per event loop (a batch of 400
+    rollouts used to start 400 threads).
     """
     kwargs = select_kwargs(func, available)
     name = func_name(func)
@@ -107,8 +109,31 @@ async def call_with_declared_args(func: Callable[..., Any], available: dict[str,
         _RUNNING[name] -= 1
 
 
+#: Sync user functions running at once per event loop: the cap of asyncio's default executor,
+#: not its cpu_count() + 4 (6 on 2 cores), so that sync functions that wait on I/O (an HTTP
+#: judge) keep many calls in flight; CPU-bound ones are serialised by the GIL anyway.
+MAX_THREADS = 32
+_slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+    weakref.WeakKeyDictionary())
+
+
+def _thread_slots() -> asyncio.Semaphore:
+    """This event loop's bound on sync user functions running in threads."""
+    loop = asyncio.get_running_loop()
+    if loop not in _slots:
+        _slots[loop] = asyncio.Semaphore(MAX_THREADS)
+    return _slots[loop]
+
+
 async def _in_daemon_thread(call: Callable[[], Any], name: str) -> Any:
-    """`call()` on a new daemon thread (with this task's context variables), awaited here."""
+    """`call()` on a new daemon thread (with this task's context variables), awaited here once
+    one of the loop's MAX_THREADS slots is free. The slot is given back when the await ends,
+    cancelled too: a hung function must not hold one for good."""
+    async with _thread_slots():
+        return await _start_daemon_thread(call, name)
+
+
+async def _start_daemon_thread(call: Callable[[], Any], name: str) -> Any:
     loop = asyncio.get_running_loop()
     future = loop.create_future()
     context = contextvars.copy_context()

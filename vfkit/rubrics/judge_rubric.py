@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from openai import AsyncOpenAI
+from openai import AsyncOpenAI, OpenAI
 
 from vfkit.parsers.parser import Parser, message_text, messages_with_role
 from vfkit.rubrics.rubric import RewardFunc, Rubric
@@ -65,6 +65,11 @@ class JudgeRubric(Rubric):
         weights: Sequence[float] | None = None,
         **kwargs: Any,
     ) -> None:
+        if isinstance(judge_client, OpenAI):  # its create() returns no awaitable
+            raise TypeError(
+                "JudgeRubric needs an AsyncOpenAI judge_client (reward functions await the "
+                "judge); got a sync OpenAI client: pass AsyncOpenAI(base_url=..., api_key=...)"
+            )
         try:
             judge_prompt.format(question="", answer="", response="")
         except (KeyError, IndexError, ValueError) as exc:

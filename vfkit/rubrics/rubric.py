@@ -13,11 +13,13 @@ one bad completion cannot kill a batch.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from vfkit.envs.async_utils import INTERRUPTS
 from vfkit.parsers.parser import Parser
 from vfkit.rubrics.call import call_with_declared_args, declares_any, func_name
 from vfkit.types import State
@@ -32,6 +34,7 @@ GROUP_ARGS = {
     "infos": "info",
 }
 ERRORS_METRIC = "reward_errors"
+logger = logging.getLogger(__name__)
 
 RewardFunc = Callable[..., Any]
 
@@ -75,6 +78,25 @@ def rollout_args(state: State) -> dict[str, Any]:
     }
 
 
+def share_parser(rubric: Any, parser: Parser, owner: str) -> None:
+    """Hand an environment's own parser to its rubric; warn when the rubric has another one.
+
+    A rubric built without a parser would otherwise parse with a plain Parser, and functions
+    that declare `parser` would silently score 0 on, say, XMLParser output.
+    """
+    if not hasattr(rubric, "set_default_parser"):
+        return  # not a vfkit Rubric (EnvGroup's router, a caller's own object)
+    rubric.set_default_parser(parser)
+    theirs = rubric.parser
+    if theirs is not parser and (type(theirs) is not type(parser) or vars(theirs) != vars(parser)):
+        logger.warning(
+            "%s: the rubric's parser (%s) differs from the environment's (%s); reward functions "
+            "that declare `parser` get the rubric's. Pass the same parser to both, or build the "
+            "rubric without one to use the environment's", owner, type(theirs).__name__,
+            type(parser).__name__,
+        )
+
+
 def record_error(state: State, message: str) -> None:
     """Append `message` to the state's error (an earlier rollout error is kept, not replaced)."""
     previous = state.get("error")
@@ -100,6 +122,7 @@ class Rubric:
         **kwargs: Any,
     ) -> None:
         self.parser = parser if parser is not None else Parser()
+        self.parser_given = parser is not None  # else the environment's parser replaces it
         self.funcs: list[RewardFunc] = []
         self.weights: list[float] = []
         # Objects reward functions may declare by name, beyond the rollout's own fields.
@@ -129,6 +152,11 @@ class Rubric:
             )
         self.funcs.append(func)
         self.weights.append(float(weight))
+
+    def set_default_parser(self, parser: Parser) -> None:
+        """Use `parser` (its environment's) when the rubric was built without one of its own."""
+        if not self.parser_given:
+            self.parser = self.class_objects["parser"] = parser
 
     def get_reward_funcs(self) -> list[RewardFunc]:
         """The reward functions, in order."""
@@ -195,7 +223,9 @@ class Rubric:
                 func, {**self.class_objects, **rollout_args(state)}
             )
             score = to_score(value, name)
-        except Exception as exc:
+        except INTERRUPTS:
+            raise
+        except BaseException as exc:  # SystemExit too: one function must not end the batch
             _fail(result, name, exc)
             return
         result.metrics[name] = score
@@ -224,7 +254,9 @@ class Rubric:
                     f"expected a list of {len(live)} scores, one per rollout"
                 )
             scores = [to_score(value, name) for value in values]
-        except Exception as exc:
+        except INTERRUPTS:
+            raise
+        except BaseException as exc:
             for i in live:
                 _fail(results[i], name, exc)
             return
@@ -233,7 +265,7 @@ class Rubric:
             results[i].reward += weight * score
 
 
-def _fail(result: Scores, name: str, exc: Exception) -> None:
+def _fail(result: Scores, name: str, exc: BaseException) -> None:
     """Record a reward function's failure: score 0, one more error, a message for the state."""
     result.metrics[name] = 0.0
     result.metrics[ERRORS_METRIC] = result.metrics.get(ERRORS_METRIC, 0.0) + 1.0

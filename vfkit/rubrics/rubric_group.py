@@ -25,8 +25,18 @@ class RubricGroup(Rubric):
         if not rubrics:
             raise ValueError("RubricGroup needs at least one rubric")
         self.rubrics = list(rubrics)
-        kwargs.setdefault("parser", self.rubrics[0].parser)
+        given = kwargs.get("parser") is not None
+        if not given:
+            kwargs["parser"] = self.rubrics[0].parser
         super().__init__(**kwargs)
+        self.parser_given = given
+
+    def set_default_parser(self, parser: Any) -> None:
+        """Each rubric built without a parser gets `parser`; so does the group (as its first)."""
+        for rubric in self.rubrics:
+            rubric.set_default_parser(parser)
+        if not self.parser_given:
+            self.parser = self.class_objects["parser"] = self.rubrics[0].parser
 
     def get_reward_func_names(self) -> list[str]:
         """All reward function names: each rubric's, then the group's own."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 import sys
 from pathlib import Path
 
@@ -42,6 +43,23 @@ def test_word_counts_follow_the_difficulty_args() -> None:
     assert all(len(r["info"]["text"].split()) == 3 for r in env.get_dataset())
     with pytest.raises(ValueError, match="min_words"):
         vf.load_environment("reverse-text", min_words=3, max_words=2)
+
+
+def test_a_word_range_too_narrow_for_the_asked_size_names_max_words() -> None:
+    # 119 one-word texts exist; the defaults ask for 2000 + 200 (the train set shrank to 844)
+    with pytest.raises(ValueError, match=re.escape(
+            f"reverse-text: min_words=1, max_words=1 allow only {len(reverse_text.WORDS)} "
+            "distinct texts, fewer than num_train_examples + num_eval_examples = 2200; raise "
+            "max_words, or ask for fewer examples")):
+        vf.load_environment("reverse-text", max_words=1)
+    small = vf.load_environment("reverse-text", max_words=1, num_train_examples=20,
+                                num_eval_examples=20)
+    assert len(small.get_dataset()) == 20 and len(small.get_eval_dataset()) == 20
+
+
+def test_the_default_sizes_are_kept() -> None:
+    env = vf.load_environment("reverse-text")
+    assert len(env.get_dataset()) == 2000 and len(env.get_eval_dataset()) == 200
 
 
 def test_lcs_ratio_arithmetic() -> None:
