@@ -481,3 +481,41 @@ def test_classic_metadata_leaves_failed_rollouts_out_of_the_average() -> None:
         meta = env.evaluate_sync(srv.client(), "m", num_examples=2).metadata
     assert meta["avg_reward"] == 1.0
     assert (meta["scored_rollouts"], meta["errored_rollouts"]) == (1, 1)
+
+
+def argparse_tool(flag: str) -> str:
+    """A tool that parses its input with argparse, which exits on a bad value.
+
+    Args:
+        flag: the flag
+    """
+    raise SystemExit(2)
+
+
+class ClassicCallTool(vf.ToolEnv):
+    async def call_tool(self, tool_name, tool_args, tool_call_id, **kwargs):
+        result = self.tool_map[tool_name](**tool_args)
+        return {"role": "tool", "content": str(result), "tool_call_id": tool_call_id}
+
+
+def test_a_classic_tool_that_exits_gets_a_tool_message_and_the_batch_goes_on() -> None:
+    env = ClassicCallTool(dataset=[{"question": "q", "answer": "a"}] * 2, tools=[argparse_tool],
+                          max_turns=2)
+    call = Reply(tool_calls=[{"name": "argparse_tool", "arguments": {"flag": "-x"}}])
+
+    def reply(body):  # a tool call, then "done" once its result is in
+        return "done" if body["messages"][-1]["role"] == "tool" else call
+
+    with TestServer(reply) as srv:
+        states = env.evaluate_sync(srv.client(), "m", num_examples=2).states
+    assert len(states) == 2 and not any(s.get("error") for s in states)
+    assert all("SystemExit" in s["completion"][1]["content"] for s in states)
+
+
+def test_blocking_calls_reuse_one_async_client() -> None:
+    env = vf.SingleTurnEnv(dataset=[{"question": "q", "answer": "a"}])
+    with TestServer("ok") as srv:
+        client = srv.client()
+        for _ in range(3):  # each blocking call's loop ends: the client must still work
+            states = env.evaluate_sync(client, "m", num_examples=1).states
+            assert not states[0].get("error"), states[0]["error"]

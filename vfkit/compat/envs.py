@@ -43,7 +43,7 @@ from vfkit.envs import env_group as _group
 from vfkit.envs import environment as _env
 from vfkit.envs import multiturn_env as _mt
 from vfkit.envs import singleturn_env as _st
-from vfkit.envs.async_utils import error_text, maybe_await, run_sync
+from vfkit.envs.async_utils import error_text, maybe_await, own_connections, run_sync
 from vfkit.envs.multiturn_env import stop as _vfkit_stop
 from vfkit.errors import ConfigError
 from vfkit.evaluation.results import state_to_row
@@ -193,7 +193,7 @@ class Environment(_env.Environment):
     def generate_sync(self, inputs: Dataset | Sequence[dict[str, Any]], client: Any,
                       *args: Any, **kwargs: Any) -> ClassicOutputs:
         """Blocking `generate`; `client` may be a sync `OpenAI` client."""
-        return run_sync(self.generate(inputs, client, *args, **kwargs))
+        return run_sync(_with_own_connections(self.generate, inputs, client, *args, **kwargs))
 
     def get_eval_inputs(self, num_examples: int = -1,
                         rollouts_per_example: int = 1) -> list[dict[str, Any]]:
@@ -215,7 +215,7 @@ class Environment(_env.Environment):
 
     def evaluate_sync(self, client: Any, model: str, *args: Any, **kwargs: Any) -> ClassicOutputs:
         """Blocking `evaluate`; `client` may be a sync `OpenAI` client."""
-        return run_sync(self.evaluate(client, model, *args, **kwargs))
+        return run_sync(_with_own_connections(self.evaluate, client, model, *args, **kwargs))
 
     def make_dataset(self, results: ClassicOutputs, push_to_hub: bool = False,
                      hub_name: str | None = None, state_columns: list[str] | None = None,
@@ -338,6 +338,18 @@ def _takes_messages(method: Callable[..., Any]) -> bool:
     params = [p for p in inspect.signature(method).parameters.values()
               if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     return len(params) >= 3 or "messages" in inspect.signature(method).parameters
+
+
+async def _with_own_connections(method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`method(*args)` with its client (the argument that is one) on a connection pool of its
+    own: a blocking call's event loop ends with it, and the caller's client must outlive it."""
+    from openai import AsyncOpenAI
+
+    index = next((i for i, a in enumerate(args) if isinstance(a, AsyncOpenAI)), None)
+    if index is None:
+        return await method(*args, **kwargs)
+    async with own_connections(args[index]) as own:
+        return await method(*args[:index], own, *args[index + 1:], **kwargs)
 
 
 @contextlib.asynccontextmanager

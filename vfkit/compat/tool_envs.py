@@ -16,7 +16,8 @@ from typing import Any
 from vfkit.compat.envs import MultiTurnEnv, stop
 from vfkit.envs import stateful_tool_env as _stool
 from vfkit.envs import tool_env as _tool
-from vfkit.envs.async_utils import maybe_await
+from vfkit.envs.async_utils import INTERRUPTS, maybe_await
+from vfkit.errors import RolloutError
 from vfkit.types import Message, Messages, State
 
 
@@ -59,7 +60,11 @@ class ToolEnv(MultiTurnEnv, _tool.ToolEnv):
             args = _tool.parse_tool_arguments(function.get("arguments"))
             args = await self.classic_tool_args(name, args, messages, state)
             message = await maybe_await(self.call_tool(name, args, call_id))
-        except Exception as e:  # the model sees the failure, as with vfkit's own tools
+        except INTERRUPTS:
+            raise
+        except RolloutError:  # the author's mistake (update_tool_args): ends the rollout
+            raise
+        except BaseException as e:  # SystemExit too: the model sees it, as with vfkit's tools
             return {"role": "tool", "content": self.format_error(name, e), "tool_call_id": call_id}
         if isinstance(message, dict) and message.get("role") == "tool":
             return message
