@@ -123,11 +123,14 @@ def test_docstring_examples_run():
     assert doctest.testmod(judge_module).failed == 0
 
 
-def test_a_sync_openai_client_is_refused_at_construction():
+async def test_a_sync_openai_judge_client_is_asked_off_the_event_loop(server):
+    """Classic environments (verifiers' simpleqa) pass a sync OpenAI client; awaiting its
+    create() failed every judged reward with "object ChatCompletion can't be used in 'await'"."""
     from openai import OpenAI
 
-    with pytest.raises(TypeError, match=re.escape(
-            "JudgeRubric needs an AsyncOpenAI judge_client (reward functions await the judge); "
-            "got a sync OpenAI client: pass AsyncOpenAI(base_url=..., api_key=...)")):
-        JudgeRubric(judge_client=OpenAI(base_url="http://127.0.0.1:9/v1", api_key="x"),
-                    funcs=[judged_correct])
+    rubric = JudgeRubric(judge_client=OpenAI(base_url=server.base_url, api_key="x"),
+                         judge_prompt=TEMPLATE, parser=XMLParser(["answer"]),
+                         funcs=[judged_correct])
+    states = [rollout("4"), rollout("5")]
+    await rubric.score_group(states)
+    assert [s["reward"] for s in states] == [1.0, 0.0] and not any(s["error"] for s in states)

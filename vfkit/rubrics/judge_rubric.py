@@ -6,7 +6,9 @@ state)` returns the judge model's text, asked once per rollout and prompt (cache
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 from openai import AsyncOpenAI, OpenAI
@@ -56,7 +58,7 @@ class JudgeRubric(Rubric):
 
     def __init__(
         self,
-        judge_client: AsyncOpenAI | None = None,
+        judge_client: AsyncOpenAI | OpenAI | None = None,
         judge_model: str = "gpt-4.1-nano",
         judge_prompt: str = DEFAULT_JUDGE_PROMPT,
         judge_sampling_args: dict[str, Any] | None = None,
@@ -65,11 +67,6 @@ class JudgeRubric(Rubric):
         weights: Sequence[float] | None = None,
         **kwargs: Any,
     ) -> None:
-        if isinstance(judge_client, OpenAI):  # its create() returns no awaitable
-            raise TypeError(
-                "JudgeRubric needs an AsyncOpenAI judge_client (reward functions await the "
-                "judge); got a sync OpenAI client: pass AsyncOpenAI(base_url=..., api_key=...)"
-            )
         try:
             judge_prompt.format(question="", answer="", response="")
         except (KeyError, IndexError, ValueError) as exc:
@@ -115,11 +112,11 @@ class JudgeRubric(Rubric):
         cache = state.setdefault(CACHE_KEY, {}) if state is not None else {}
         if text in cache:
             return cache[text]
-        reply = await self.judge_client.chat.completions.create(
-            model=self.judge_model,
-            messages=[{"role": "user", "content": text}],
-            **self.judge_sampling_args,
-        )
+        create = partial(self.judge_client.chat.completions.create, model=self.judge_model,
+                         messages=[{"role": "user", "content": text}], **self.judge_sampling_args)
+        # a sync OpenAI client (classic environments pass one) runs off the event loop
+        reply = await (asyncio.to_thread(create) if isinstance(self.judge_client, OpenAI)
+                       else create())
         content = reply.choices[0].message.content if reply.choices else None
         cache[text] = content or ""
         return cache[text]
