@@ -104,3 +104,32 @@ async def test_server_knobs_the_sdk_does_not_know_reach_the_body():
     for body in srv.requests:
         assert body["cache_salt"] == "s1" and body["top_k"] == 3 and body["max_tokens"] == 5
         assert body["chat_template_kwargs"] == {"enable_thinking": False}
+
+
+def test_context_room_reads_the_servers_overflow_message():
+    from vfkit.client.chat_call import context_room
+
+    vllm = ("This model's maximum context length is 4096 tokens. However, you requested 5080 "
+            "tokens (80 in the messages, 5000 in the completion). Please reduce the length.")
+    newer = ("'max_tokens' or 'max_completion_tokens' is too large: 5000. This model's maximum "
+             "context length is 4096 tokens and your request has 80 input tokens (5000 > 4096 - "
+             "80).")
+    assert context_room(vllm) == context_room(newer) == 4016
+    assert context_room("This model's maximum context length is 100 tokens. However, you "
+                        "requested 150 tokens (150 in the messages, 0 in the completion).") == 0
+    assert context_room("This model's maximum context length is 100 tokens.") is None
+
+
+async def test_a_max_tokens_too_large_for_the_context_gets_the_room_left():
+    """-t 5000 against a 100-token context: every rollout was recorded as prompt_too_long with
+    reward 0 and an exit 0; the prompt fits, so the call is sent again with the room left."""
+    from vfkit.envs.singleturn_env import SingleTurnEnv
+
+    env = SingleTurnEnv(dataset=[{"question": "q", "answer": "a"}])
+    with TestServer("fine", max_context=100) as srv:
+        out = await env.a_evaluate(srv.client(), "m", {"max_tokens": 5000}, num_examples=1)
+        bodies = list(srv.requests)
+    state = out.states[0]
+    assert state["stop_condition"] != "prompt_too_long" and state["completion"][-1]["content"]
+    prompt_tokens = len(state["trajectory"][0]["tokens"]["prompt_ids"])
+    assert [b["max_tokens"] for b in bodies] == [5000, 100 - prompt_tokens]

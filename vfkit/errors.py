@@ -20,7 +20,12 @@ class ServerError(VfkitError):
 
 
 class ContextOverflowError(ServerError):
-    """The prompt does not fit the model's context (the rollout ends as truncated)."""
+    """The prompt (plus max_tokens) does not fit the model's context. `room`: the completion
+    tokens the context still has after the prompt, when the server's message says (0: none)."""
+
+    def __init__(self, message: str, room: int | None = None) -> None:
+        super().__init__(message)
+        self.room = room
 
 
 class RolloutError(VfkitError):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +37,21 @@ def is_context_overflow(error: BaseException) -> bool:
         return False
     text = str(error).lower()
     return any(marker in text for marker in OVERFLOW_MARKERS)
+
+
+_CONTEXT = re.compile(r"maximum context length is (\d+) tokens")
+_PROMPT = re.compile(r"(\d+) in the messages|has (\d+) input tokens|(\d+) in the prompt")
+
+
+def context_room(message: str) -> int | None:
+    """Completion tokens left after the prompt, from vLLM's (and vf-serve's) overflow message
+    ("maximum context length is 4096 tokens ... (80 in the messages, 5000 in the completion)");
+    None when it does not say how long the prompt is."""
+    context, prompt = _CONTEXT.search(message), _PROMPT.search(message)
+    if context is None or prompt is None:
+        return None
+    used = next(int(g) for g in prompt.groups() if g is not None)
+    return max(0, int(context.group(1)) - used)
 
 
 def prepare_sampling_args(sampling_args: SamplingArgs | None, message_type: str) -> SamplingArgs:
@@ -100,7 +116,7 @@ async def call_model(
             )
     except openai.BadRequestError as e:
         if is_context_overflow(e):
-            raise ContextOverflowError(str(e)) from e
+            raise ContextOverflowError(str(e), room=context_room(str(e))) from e
         raise
     return response.model_dump()
 

@@ -68,6 +68,12 @@ class ModelCalls:
         try:
             return await call_model(client, model, prompt, args, tools=tools)
         except ContextOverflowError as e:
+            if e.room:  # the prompt fits, max_tokens did not: answer in the room left
+                try:
+                    return await call_model(client, model, prompt,
+                                            cap_max_tokens(args, e.room), tools=tools)
+                except ContextOverflowError as again:
+                    e = again
             logger.debug("context overflow ends rollout %s: %s", state["example_id"], e)
             self.mark_prompt_too_long(state)
             return None
