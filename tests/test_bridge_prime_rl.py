@@ -11,6 +11,7 @@ token route serves the train client, logprobs checked against a forward pass.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import httpx
@@ -57,13 +58,14 @@ def _masked_runs(mask: list[bool]) -> list[tuple[int, int]]:
     return runs
 
 
-def _orchestrate(v1_python: str, tmp_path: Path, env_id: str, model, env_args: dict):
+def _orchestrate(v1_python: str, tmp_path: Path, env_id: str, model, env_args: dict,
+                 env: dict | None = None):
     tokenizer = make_tokenizer()
     tokenizer.save_pretrained(tmp_path / "tokenizer")
     with TestServer(model) as server:
         run([v1_python, str(ORCHESTRATOR), f"vfkit-{env_id}", server.base_url,
               str(tmp_path / "tokenizer"), str(tmp_path / "samples.json"), json.dumps(env_args)],
-             "the orchestrator", timeout=600)
+             "the orchestrator", timeout=600, env=env)
         prompts = {tuple(r["token_ids"]) for r in server.requests if "token_ids" in r}
     samples = json.loads((tmp_path / "samples.json").read_text())["samples"]
     return tokenizer, prompts, samples
@@ -133,3 +135,18 @@ async def test_prime_rl_orchestrator_samples_from_vf_serve_through_the_token_rou
         assert logprobs[start:end] == pytest.approx(own[:, 0].tolist(), abs=1e-3)
         assert not any(logprobs[:start]) and not any(logprobs[end:])
     assert sum(s["advantage"] for s in samples) == pytest.approx(0.0)
+
+
+@slow
+def test_a_tasksets_system_prompt_override_reaches_the_model(
+        v1_python: str, local_envs: None, tmp_path: Path) -> None:
+    """A v1 taskset's `system_prompt` (what GEPA optimises) was in the task data, but the model
+    got the environment's own system prompt."""
+    override = tmp_path / "system.txt"
+    override.write_text("Answer in reverse, please.")
+    env = {**os.environ, "VFKIT_SYSTEM_PROMPT": str(override)}
+    tokenizer, prompts, samples = _orchestrate(
+        v1_python, tmp_path, "reverse-text", reverse_model, {"num_eval_examples": 2}, env=env)
+    assert samples and all(s["ok"] for s in samples)
+    texts = [tokenizer.decode(list(p)) for p in prompts]
+    assert texts and all("Answer in reverse, please." in t for t in texts)

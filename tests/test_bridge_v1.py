@@ -229,7 +229,17 @@ def test_an_env_group_s_scores_are_recorded_with_their_weights(v1_python: str) -
         "class Trace:\n"
         "    def record_reward(self, *args): print('reward', *args)\n"
         "    def record_metric(self, *args): print('metric', *args)\n"
-        "record_scores(Trace(), group, {'a': 1.0, 'b': 0.5, 'reward_errors': 0.0})\n"
+        "metrics = {'a': 1.0, 'b': 0.5, 'reward_errors': 0.0}\n"
+        "record_scores(Trace(), group, {'metrics': metrics, 'reward': 2.0})\n"
+        "print('--')\n"
+        "same = vf.RubricGroup([vf.Rubric(funcs=[a], weights=[1.0]),\n"
+        "                       vf.Rubric(funcs=[a], weights=[0.0])])\n"
+        "record_scores(Trace(), vf.SingleTurnEnv(dataset=rows, rubric=same),\n"
+        "              {'metrics': {'a': 1.0, 'reward_errors': 0.0}, 'reward': 1.0})\n"
     )
     out = run([v1_python, "-c", code], "recording an EnvGroup's scores", timeout=300)
-    assert out.splitlines() == ["reward a 1.0 2.0", "metric b 0.5"]  # b weighs 0: a metric
+    group_lines, same_lines = out.split("--\n")
+    assert group_lines.splitlines() == ["reward a 1.0 2.0", "metric b 0.5"]  # b weighs 0
+    # two functions named `a` (weights 1 and 0) share one metric: vfkit's reward is recorded
+    # (it was 'metric a 1.0' alone: trace reward 0 where vfkit's was 1)
+    assert same_lines.splitlines() == ["reward reward 1.0 1.0", "metric a 1.0"]

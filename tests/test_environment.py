@@ -380,3 +380,15 @@ def test_the_sdk_does_not_import_torch():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_replace_system_prompt_swaps_the_leading_system_message():
+    """The bridge gives a v1 taskset's system-prompt override (GEPA's candidate) to the model
+    in place of the environment's own."""
+    from vfkit.envs.dataset import replace_system_prompt
+
+    chat = [{"role": "system", "content": "old"}, {"role": "user", "content": "q"}]
+    assert replace_system_prompt(chat, "new") == [
+        {"role": "system", "content": "new"}, {"role": "user", "content": "q"}]
+    assert replace_system_prompt(chat[1:], "new")[0] == {"role": "system", "content": "new"}
+    assert replace_system_prompt("q", "new") == "new\n\nq"

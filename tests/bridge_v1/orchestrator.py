@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import multiprocessing as mp
+import os
 import sys
 
 import verifiers.v1 as vf
@@ -27,7 +28,11 @@ GROUP_SIZE = 2
 
 
 def build_config(taskset_id: str, env_args: dict) -> vf.EnvConfig:
-    taskset = taskset_config_type(taskset_id)(id=taskset_id, args=env_args, split="eval")
+    # VFKIT_SYSTEM_PROMPT: a file whose text overrides the system prompt (as GEPA's candidates)
+    override = os.environ.get("VFKIT_SYSTEM_PROMPT")
+    extra = {"system_prompt": override} if override else {}
+    taskset = taskset_config_type(taskset_id)(id=taskset_id, args=env_args, split="eval",
+                                              **extra)
     return env_config_type(taskset_id)(taskset=taskset)
 
 

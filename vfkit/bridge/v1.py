@@ -34,6 +34,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
         f"{e}); install it with `pip install 'vfkit[verifiers]'`"
     ) from e
 
+from vfkit.envs.dataset import replace_system_prompt
 from vfkit.envs.environment import Environment
 from vfkit.errors import VfkitError
 from vfkit.rubrics.rubric import ERRORS_METRIC
@@ -100,16 +101,23 @@ class VfkitTask(vf.Task[VfkitTaskData]):
         if state.get("error"):
             raise VfkitError(f"vfkit environment {self.env_id!r}: scoring failed: "
                              f"{state['error']}")
-        record_scores(trace, env, state["metrics"])
+        record_scores(trace, env, state)
         return {}  # everything is recorded above, under the vfkit function names
 
 
-def record_scores(trace: vf.Trace, env: Environment, metrics: dict[str, float]) -> None:
-    """vfkit metrics onto the trace: weighted functions as rewards, the rest as metrics."""
-    rubric = env.rubric
-    weights = dict(zip(rubric.get_reward_func_names(), rubric.get_reward_weights(), strict=True))
+def record_scores(trace: vf.Trace, env: Environment, state: dict[str, Any]) -> None:
+    """vfkit's scores onto the trace: weighted functions as rewards, the rest as metrics, so
+    that trace.reward is vfkit's reward. Two functions of one name (a RubricGroup of two format
+    rewards) share one metric, so no name can carry its weight: the trace then gets vfkit's
+    reward itself, as `reward`, and every function as a metric."""
+    rubric, metrics = env.rubric, state["metrics"]
+    names = rubric.get_reward_func_names()
+    weights = dict(zip(names, rubric.get_reward_weights(), strict=True))
+    unique = len(set(names)) == len(names)
+    if not unique:
+        trace.record_reward("reward", float(state["reward"]), 1.0)
     for name, value in metrics.items():
-        if weights.get(name):
+        if unique and weights.get(name):
             trace.record_reward(name, value, weights[name])
         elif name != ERRORS_METRIC:
             trace.record_metric(name, value)
@@ -196,6 +204,8 @@ class VfkitHarness(vf.Harness[vf.HarnessConfig]):
             raise vf.HarnessError(f"harness {self.config.id!r} runs vfkit tasks only; "
                                   f"{type(data).__name__} has no `row`")
         env = vfkit_env(self.loader, env_args)
+        if system := getattr(data, "system_prompt", None):  # the taskset's override (GEPA)
+            row = {**row, "prompt": replace_system_prompt(row["prompt"], system)}
         sampling = ctx.sampling.model_dump(exclude_none=True) if ctx.sampling else {}
         async with AsyncOpenAI(base_url=endpoint, api_key=secret) as client:
             state = await env.run_rollout(dict(row), client, ctx.model, sampling, score=False)

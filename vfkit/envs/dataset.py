@@ -149,6 +149,20 @@ def format_row(
     return out
 
 
+def replace_system_prompt(prompt: Messages | str, system_prompt: str) -> Messages | str:
+    """`prompt` with `system_prompt` in place of its own (e.g. a prompt optimiser's candidate):
+    a chat prompt's leading system message is replaced (or one is added); a completion prompt
+    gets it in front."""
+    if isinstance(prompt, str):
+        return f"{system_prompt}\n\n{prompt}"
+    rest = list(prompt)
+    while rest and rest[0].get("role") == "system":
+        rest.pop(0)
+    multimodal = any(isinstance(m.get("content"), list) for m in rest)
+    content = as_parts(system_prompt) if multimodal else system_prompt
+    return [{"role": "system", "content": content}, *rest]
+
+
 def format_dataset(
     dataset: Dataset | Sequence[dict[str, Any]] | None,
     *,
