@@ -20,11 +20,9 @@ is reported as "none (why)" in the isolation report, never skipped silently.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import linecache
 import os
-import resource
 import signal
 import sys
 import traceback
@@ -32,7 +30,8 @@ import traceback
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, _HERE)  # -I leaves the script's folder off sys.path; removed before user code
 import _fsview  # noqa: E402  # needs the path line above
-import _seccomp  # noqa: E402
+import _lockdown  # noqa: E402
+import _reaper  # noqa: E402
 from _audit import make_audit_hook  # noqa: E402
 
 CLONE_NEWNS = 0x00020000
@@ -40,11 +39,7 @@ CLONE_NEWIPC = 0x08000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
-PR_SET_KEEPCAPS = 8
-PR_SET_NO_NEW_PRIVS = 38
 PR_SET_CHILD_SUBREAPER = 36
-CAP_DAC_READ_SEARCH = 2
-_LINUX_CAPABILITY_VERSION_3 = 0x20080522
 _FILENAME = "<sandbox>"
 EXIT_SETUP_FAILED = 125  # set-up failed before the user code ran
 
@@ -115,67 +110,6 @@ def _map_ids(uid: int, gid: int) -> None:
         f.write(f"{gid} {gid} 1")
 
 
-def _set_limits(limits: dict) -> None:
-    """Apply the resource limits; hard limits too, so the code cannot raise them again."""
-    cpu = limits["cpu_seconds"]  # SIGXCPU at the soft limit (status cpu_limit), SIGKILL 1 s later
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-    pairs = {
-        resource.RLIMIT_AS: limits["memory_mb"] * 1024 * 1024,
-        resource.RLIMIT_FSIZE: limits["file_size_mb"] * 1024 * 1024,
-        resource.RLIMIT_NOFILE: limits["open_files"],
-        resource.RLIMIT_CORE: 0,
-    }
-    if limits.get("nproc") is not None:
-        pairs[resource.RLIMIT_NPROC] = limits["nproc"]
-    for which, value in pairs.items():
-        resource.setrlimit(which, (value, value))
-
-
-def _drop_privileges(ctypes, libc, uid: int) -> None:
-    """Become the sandbox's own uid (gid of the same number, no groups), keeping one capability.
-
-    CAP_DAC_READ_SEARCH is kept so the interpreter can still read its standard library wherever it
-    lives (e.g. under /root/.pyenv); every write still needs the new uid's own permissions.
-    """
-    if libc.prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_KEEPCAPS) failed")
-    os.setgroups([])
-    os.setgid(uid)
-    os.setuid(uid)
-    if os.getuid() != uid or os.geteuid() != uid:
-        raise RuntimeError("could not drop privileges")
-    header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
-    keep = 1 << CAP_DAC_READ_SEARCH
-    data = (ctypes.c_uint32 * 6)(keep, keep, 0, 0, 0, 0)  # {effective, permitted, inheritable} x2
-    if libc.capset(header, data) != 0:
-        raise OSError(ctypes.get_errno(), "capset failed")
-    _no_new_privs(ctypes, libc)
-
-
-def _drop_all_capabilities(ctypes, libc) -> None:
-    """Not root: give up the capabilities a user namespace granted (they could undo the view)."""
-    header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
-    if libc.capset(header, (ctypes.c_uint32 * 6)()) != 0:
-        raise OSError(ctypes.get_errno(), "capset failed")
-    _no_new_privs(ctypes, libc)
-
-
-def _no_new_privs(ctypes, libc) -> None:
-    """Programs the code may start cannot gain privileges (setuid bits); seccomp needs it too."""
-    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
-
-
-def _install_seccomp(ctypes, libc, spec: dict) -> str:
-    """The syscall filter, or "none (why)" where this machine cannot have it."""
-    try:
-        _seccomp.install(ctypes, libc, allow_exec=spec["allow_subprocess"],
-                         unix_sockets_only=spec["isolate_network"])
-    except OSError as exc:
-        return f"none ({exc.strerror or exc})"
-    return "seccomp filter"
-
-
 def _missing_layers(isolation: dict[str, str]) -> str:
     return "; ".join(f"{k}: {v}" for k, v in isolation.items() if v.startswith("none"))
 
@@ -206,14 +140,14 @@ def _child_main(spec: dict, status_fd: int, isolation: dict, ctypes, libc) -> No
     """In the forked code process: lock down, report set-up, run the program, exit."""
     try:
         os.setpgid(0, 0)  # own group: the supervisor (and only it) can kill all of it at once
-        _set_limits(spec["limits"])
+        _lockdown.set_limits(spec["limits"])
         if spec["uid"] is not None:
-            _drop_privileges(ctypes, libc, spec["uid"])
+            _lockdown.drop_privileges(ctypes, libc, spec["uid"])
             isolation["identity"] = f"uid {spec['uid']} of its own"
         else:
-            _drop_all_capabilities(ctypes, libc)
+            _lockdown.drop_all_capabilities(ctypes, libc)
             isolation["identity"] = "none (not root: runs as your own user)"
-        isolation["syscalls"] = _install_seccomp(ctypes, libc, spec)
+        isolation["syscalls"] = _lockdown.install_seccomp(ctypes, libc, spec)
         if spec["require_isolation"] and (missing := _missing_layers(isolation)):
             raise RuntimeError(
                 f"the code was not run: SandboxLimits.require_isolation is set and this machine "
@@ -241,51 +175,6 @@ def _report(fd: int, message: dict) -> None:
     os.write(fd, (json.dumps(message) + "\n").encode())
 
 
-def _kill_code(pgid: int, uid: int | None) -> None:
-    """SIGKILL the code's process group, every process of the sandbox uid (as root), and every
-    process that was orphaned to us (covers code that left its group when not root)."""
-    with contextlib.suppress(OSError):
-        os.killpg(pgid, signal.SIGKILL)
-    if uid is not None:
-        helper = os.fork()
-        if helper == 0:  # becomes the uid so that kill(-1) reaches exactly that uid's processes
-            try:
-                os.setuid(uid)
-                for _ in range(3):  # a fork racing one pass is caught by the next
-                    with contextlib.suppress(OSError):
-                        os.kill(-1, signal.SIGKILL)
-            finally:
-                os._exit(0)
-        os.waitpid(helper, 0)
-    me = str(os.getpid())
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError, IndexError), open(f"/proc/{entry}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[1] == me:  # field 4: parent pid
-                    os.kill(int(entry), signal.SIGKILL)
-
-
-def _supervise(child: int, uid: int | None) -> dict:
-    """Reap until no process is left; kill the rest once the code's main process has ended."""
-    signal.signal(signal.SIGTERM, lambda *_: _kill_code(child, uid))
-    result: dict = {}
-    while True:
-        try:
-            pid, wait_status = os.waitpid(-1, 0)
-        except ChildProcessError:
-            return result
-        if pid == child:
-            result = _exit_status(wait_status)
-        if result:  # leftovers: kill them, and whatever was orphaned to us since the last pass
-            _kill_code(child, uid)
-
-
-def _exit_status(wait_status: int) -> dict:
-    if os.WIFSIGNALED(wait_status):
-        return {"signal": os.WTERMSIG(wait_status)}
-    return {"exit": os.waitstatus_to_exitcode(wait_status)}
-
-
 def _init_main(spec: dict, status_fd: int, isolation: dict, ctypes, libc) -> None:
     """pid 1 of the run's pid namespace: its own /proc, then the code process; report how the
     code ended and exit, upon which the kernel kills every process left in the namespace."""
@@ -305,19 +194,8 @@ def _init_main(spec: dict, status_fd: int, isolation: dict, ctypes, libc) -> Non
     while True:  # reap orphans as they come (a zombie still counts against RLIMIT_NPROC)
         pid, wait_status = os.waitpid(-1, 0)
         if pid == code:
-            _report(status_fd, _exit_status(wait_status))
+            _report(status_fd, _reaper.exit_status(wait_status))
             os._exit(0)
-
-
-def _relay(init: int) -> None:
-    """Outside the pid namespace: wait for its init; on SIGTERM (wall clock) SIGKILL it, which
-    kills every process in the namespace."""
-    def kill_init(*_: object) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(init, signal.SIGKILL)
-
-    signal.signal(signal.SIGTERM, kill_init)
-    os.waitpid(init, 0)
 
 
 def main() -> None:
@@ -340,9 +218,9 @@ def main() -> None:
         run(spec, status_fd, isolation, ctypes, libc)
     os.close(0)  # the program's stdin belongs to the code process
     if pid_namespace:
-        _relay(child)
+        _reaper.relay(child)
     else:
-        _report(status_fd, _supervise(child, spec["uid"]))
+        _report(status_fd, _reaper.supervise(child, spec["uid"]))
     os._exit(0)
 
 
