@@ -14,7 +14,8 @@ COUNTS = ["cpu_seconds", "memory_mb", "max_processes", "file_size_mb", "open_fil
 CASES = (
     [("timeout_s", v) for v in BAD_NUMBERS]
     + [(name, v) for name in COUNTS for v in [*BAD_NUMBERS, 1.5, 2**40]]
-    + [(name, v) for name in ("isolate_network", "allow_subprocess", "require_isolation")
+    + [(name, v) for name in ("isolate_network", "allow_subprocess", "require_isolation",
+                              "allow_weak_isolation")
        for v in ("yes", 1, None)]
 )
 
@@ -53,3 +54,8 @@ def test_bad_sandbox_arguments_are_refused_by_name(tmp_path) -> None:
     with pytest.raises(ValueError, match="Sandbox limits must be a SandboxLimits, got dict"):
         Sandbox({"timeout_s": 5})  # type: ignore[arg-type]  # the point
     assert list(tmp_path.iterdir()) == []
+
+
+def test_weak_and_required_isolation_together_are_refused() -> None:
+    with pytest.raises(ValueError, match="require_isolation and allow_weak_isolation contradict"):
+        SandboxLimits(require_isolation=True, allow_weak_isolation=True)

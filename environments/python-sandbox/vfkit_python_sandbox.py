@@ -143,8 +143,14 @@ def load_environment(
     max_processes: int = 8,
     max_output_chars: int = 2000,
     system_prompt: str = SYSTEM_PROMPT,
+    allow_weak_isolation: bool = False,
 ) -> vf.Environment:
-    """Build the environment; the sandbox limits apply to every run_python call."""
+    """Build the environment; the sandbox limits apply to every run_python call.
+
+    The sandbox fails closed: on a machine without namespaces or seccomp every run_python call
+    is refused (the tool reply says why) unless `allow_weak_isolation=True` accepts running
+    the model's code with less isolation (see vfkit/sandbox/README.md).
+    """
     parser = vf.XMLParser(["answer"])
 
     def correct_answer(completion, answer: str) -> float:
@@ -161,7 +167,8 @@ def load_environment(
         vf.ToolRubric(tools=["run_python"]),
     ])
     limits = SandboxLimits(timeout_s=timeout_s, cpu_seconds=cpu_seconds, memory_mb=memory_mb,
-                           max_processes=max_processes)
+                           max_processes=max_processes,
+                           allow_weak_isolation=allow_weak_isolation)
     return PythonSandboxEnv(
         limits=limits, max_output_chars=max_output_chars, max_turns=max_turns,
         dataset=make_rows(num_train_examples, seed),

@@ -41,6 +41,7 @@ CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
 PR_SET_CHILD_SUBREAPER = 36
 _FILENAME = "<sandbox>"
+_ESSENTIAL_LAYERS = ("filesystem", "processes", "syscalls")  # refused without, unless weak allowed
 EXIT_SETUP_FAILED = 125  # set-up failed before the user code ran
 
 
@@ -97,6 +98,10 @@ def _isolate(ctypes, libc, spec: dict) -> dict[str, str]:
             report["filesystem"] = view + (" (in a user namespace)" if "userns" in how else "")
         except OSError as exc:
             report["filesystem"] = f"none ({exc})"
+    if spec["uid"] is None:  # as root the code process reports the uid it drops to
+        report["identity"] = (
+            "your own user in a user namespace, without capabilities" if "userns" in how
+            else "none (not root and no user namespace: runs as your own user, with its rights)")
     return report
 
 
@@ -110,8 +115,32 @@ def _map_ids(uid: int, gid: int) -> None:
         f.write(f"{gid} {gid} 1")
 
 
-def _missing_layers(isolation: dict[str, str]) -> str:
-    return "; ".join(f"{k}: {v}" for k, v in isolation.items() if v.startswith("none"))
+def _check_policy(isolation: dict[str, str], spec: dict) -> None:
+    """Refuse to run the code without the layers the limits ask for: fail closed.
+
+    Without the filesystem, processes or syscalls layer the code can read other processes'
+    memory and environment through the host's /proc, write the user's files, start programs and
+    kill its supervisor, so those are required unless `allow_weak_isolation`; with
+    `require_isolation` every layer is.
+    """
+    missing = {k: v for k, v in isolation.items() if v.startswith("none")}
+    if spec["require_isolation"] and missing:
+        raise RuntimeError(
+            f"the code was not run: SandboxLimits.require_isolation is set and this machine "
+            f"lacks {_describe(missing)}; run as root or where unprivileged user namespaces "
+            "are allowed, or leave require_isolation off (see vfkit/sandbox/README.md)")
+    essential = {k: v for k, v in missing.items() if k in _ESSENTIAL_LAYERS}
+    if essential and not spec["allow_weak_isolation"]:
+        raise RuntimeError(
+            f"the code was not run: this machine lacks {_describe(essential)}, without which "
+            "the code could reach the host's files and processes; run as root or where "
+            "unprivileged user namespaces and seccomp are allowed, or accept weaker isolation "
+            "explicitly with SandboxLimits(allow_weak_isolation=True) (python-sandbox: "
+            "allow_weak_isolation=true; see vfkit/sandbox/README.md)")
+
+
+def _describe(layers: dict[str, str]) -> str:
+    return "; ".join(f"{k}: {v}" for k, v in layers.items())
 
 
 def _run_user_code(code: str) -> int:
@@ -146,13 +175,8 @@ def _child_main(spec: dict, status_fd: int, isolation: dict, ctypes, libc) -> No
             isolation["identity"] = f"uid {spec['uid']} of its own"
         else:
             _lockdown.drop_all_capabilities(ctypes, libc)
-            isolation["identity"] = "none (not root: runs as your own user)"
         isolation["syscalls"] = _lockdown.install_seccomp(ctypes, libc, spec)
-        if spec["require_isolation"] and (missing := _missing_layers(isolation)):
-            raise RuntimeError(
-                f"the code was not run: SandboxLimits.require_isolation is set and this machine "
-                f"lacks {missing}; run where namespaces are allowed, or set "
-                "require_isolation=False to accept less (see vfkit/sandbox/README.md)")
+        _check_policy(isolation, spec)
         del ctypes, libc
         _forget_ctypes()
         os.chdir(spec["dir"])
@@ -161,7 +185,7 @@ def _child_main(spec: dict, status_fd: int, isolation: dict, ctypes, libc) -> No
         sys.path.insert(0, spec["dir"])
         sys.addaudithook(make_audit_hook(spec["dir"], spec["allow_subprocess"]))
     except Exception as exc:  # a sandbox that could not be set up must not run the code
-        _report(status_fd, {"error": f"{type(exc).__name__}: {exc}"})
+        _report(status_fd, {"error": f"{type(exc).__name__}: {exc}", "isolation": isolation})
         os._exit(EXIT_SETUP_FAILED)
     _report(status_fd, {"isolation": isolation})
     os.close(status_fd)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 _MAX_COUNT = 2**31 - 1  # limits in whole units; far above any sensible value, fits every rlimit
 _COUNTS = ("cpu_seconds", "memory_mb", "max_processes", "file_size_mb", "open_files",
            "max_output_bytes")
-_SWITCHES = ("isolate_network", "allow_subprocess", "require_isolation")
+_SWITCHES = ("isolate_network", "allow_subprocess", "require_isolation", "allow_weak_isolation")
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,10 @@ class SandboxLimits:
     max_output_bytes: int = 16_384  # kept per stream (stdout, stderr); the rest is counted
     isolate_network: bool = True  # new network namespace + AF_UNIX-only sockets (seccomp)
     allow_subprocess: bool = False  # let the code start other programs (execve)
-    require_isolation: bool = False  # refuse to run where a kernel layer is missing
+    require_isolation: bool = False  # refuse to run where any kernel layer is missing
+    # run even where the filesystem, processes or syscalls layer is missing (the code can then
+    # reach the host's files and processes); off, such a run is refused (status setup_failed)
+    allow_weak_isolation: bool = False
 
     def __post_init__(self) -> None:
         """Reject what the kernel cannot apply (NaN, inf, zero, negative, wrong type) by name."""
@@ -39,6 +42,10 @@ class SandboxLimits:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"SandboxLimits.{name} must be true or false, "
                                  f"got {getattr(self, name)!r}")
+        if self.require_isolation and self.allow_weak_isolation:
+            raise ValueError("SandboxLimits.require_isolation and allow_weak_isolation contradict "
+                             "each other (every layer vs. fewer than the essential ones): set "
+                             "at most one")
 
 
 def _check_seconds(name: str, value: object) -> float:

@@ -12,7 +12,9 @@ What is enforced, and by what (the full table, with its conditions, is vfkit/san
   with a readable message (`PermissionError: sandbox: ... is not allowed`) for ordinary code;
 - by the parent: stdout and stderr are read concurrently and truncated to a byte budget.
 Each run reports which kernel layers held (`SandboxResult.isolation`); a layer this machine
-cannot give is logged once as a warning, and `require_isolation=True` refuses to run without it.
+cannot give is logged once as a warning. Where the filesystem, processes or syscalls layer is
+missing the run is refused (fails closed) unless `allow_weak_isolation=True`;
+`require_isolation=True` refuses to run without any layer.
 Reads are not restricted: the code can read any file the sandbox uid may read.
 """
 
@@ -36,7 +38,7 @@ from vfkit.sandbox._types import SandboxLimits, SandboxResult, _check_seconds
 
 _CHILD = Path(__file__).with_name("_child.py")
 logger = logging.getLogger(__name__)
-_warned: set[str] = set()  # degraded layers already logged by this process
+_warned: set[str] = set()  # warnings already logged by this process
 
 
 async def _read_capped(stream: asyncio.StreamReader, cap: int) -> tuple[bytes, int]:
@@ -99,7 +101,8 @@ class Sandbox:
         spec = {"code": code, "dir": str(self.path), "uid": self.uid, "status_fd": status_w,
                 "isolate_network": self.limits.isolate_network,
                 "allow_subprocess": self.limits.allow_subprocess, "limits": self._rlimits(),
-                "require_isolation": self.limits.require_isolation}
+                "require_isolation": self.limits.require_isolation,
+                "allow_weak_isolation": self.limits.allow_weak_isolation}
         started = time.monotonic()
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -125,6 +128,7 @@ class Sandbox:
         result.status = _status(result.exit_code, result.status == "timeout")
         if "error" in report:
             result.status, result.stderr = "setup_failed", report["error"]
+            _warn_once(f"sandbox: {report['error']}")
         return result
 
     async def _collect(self, proc: asyncio.subprocess.Process, stdin: str, timeout: float
@@ -236,11 +240,16 @@ def _read_status(fd: int) -> dict:
 def _warn_degraded(isolation: dict[str, str]) -> None:
     """Log, once per process and reason, each kernel layer this machine could not give."""
     for layer, how in isolation.items():
-        key = f"{layer}: {how}"
-        if how.startswith("none") and key not in _warned:
-            _warned.add(key)
-            logger.warning("sandbox: no kernel-enforced %s isolation on this machine, %s; "
-                           "see vfkit/sandbox/README.md", layer, how)
+        if how.startswith("none"):
+            _warn_once(f"sandbox: no kernel-enforced {layer} isolation on this machine, {how}; "
+                       "see vfkit/sandbox/README.md")
+
+
+def _warn_once(message: str) -> None:
+    """Log `message` as a warning the first time this process sees it (not once per run)."""
+    if message not in _warned:
+        _warned.add(message)
+        logger.warning("%s", message)
 
 
 def _status(returncode: int | None, timed_out: bool) -> str:

@@ -44,6 +44,15 @@ def test_tasks_have_correct_answers() -> None:
     assert python_sandbox._trailing_zeros(100) == 24
 
 
+def test_the_sandbox_fails_closed_unless_weak_isolation_is_asked_for() -> None:
+    """Without namespaces or seccomp the tool refuses to run the model's code by default."""
+    strict = vf.load_environment("python-sandbox", num_train_examples=6, num_eval_examples=6)
+    assert strict.limits.allow_weak_isolation is False
+    weak = vf.load_environment("python-sandbox", num_train_examples=6, num_eval_examples=6,
+                               allow_weak_isolation=True)
+    assert weak.limits.allow_weak_isolation is True
+
+
 async def test_right_answer_computed_in_the_sandbox() -> None:
     state, outputs = await _rollout([run("print(6 * 7)"), "<answer>42</answer>"])
     assert state["error"] is None and outputs == ["42"]
