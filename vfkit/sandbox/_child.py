@@ -13,16 +13,18 @@ from the parent, i.e. on the wall clock). Without one, the code process is the s
 child, and the supervisor kills and reaps what the code left (orphans come to it, not to PID 1,
 which on some machines never reaps).
 The code process puts itself in its own process group, applies the limits, drops to the sandbox
-uid (or, not root, drops every capability), installs the seccomp filter (_seccomp) and the audit
+uid (as root) and drops every capability, installs the seccomp filter (_seccomp) and the audit
 hook (in that order: each step would block the next). Each layer that could not be put in place
 is reported as "none (why)" in the isolation report, never skipped silently.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import linecache
 import os
+import pwd
 import signal
 import sys
 import traceback
@@ -94,7 +96,8 @@ def _isolate(ctypes, libc, spec: dict) -> dict[str, str]:
     else:
         try:
             view = _fsview.make_readonly_view(ctypes, libc, spec["dir"],
-                                              spec["limits"]["file_size_mb"])
+                                              spec["limits"]["file_size_mb"],
+                                              _hidden_dirs(spec["dir"]), _interpreter_paths())
             report["filesystem"] = view + (" (in a user namespace)" if "userns" in how else "")
         except OSError as exc:
             report["filesystem"] = f"none ({exc})"
@@ -103,6 +106,23 @@ def _isolate(ctypes, libc, spec: dict) -> dict[str, str]:
             "your own user in a user namespace, without capabilities" if "userns" in how
             else "none (not root and no user namespace: runs as your own user, with its rights)")
     return report
+
+
+def _hidden_dirs(sandbox_dir: str) -> list[str]:
+    """Where secrets live that the code has no business reading: every home directory, and the
+    sandbox's base directory (other sandboxes' directories, of other rollouts)."""
+    dirs = ["/root", "/home", os.path.dirname(os.path.realpath(sandbox_dir))]
+    with contextlib.suppress(KeyError):
+        dirs.append(pwd.getpwuid(os.getuid()).pw_dir)
+    return dirs
+
+
+def _interpreter_paths() -> list[str]:
+    """What the interpreter may read after set-up: its prefixes, executable and import path
+    (not this folder: its modules are loaded already)."""
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+             os.path.dirname(os.path.realpath(sys.executable)), *sys.path}
+    return sorted(p for p in paths if p and p != _HERE)
 
 
 def _map_ids(uid: int, gid: int) -> None:

@@ -12,9 +12,7 @@ import resource
 
 import _seccomp
 
-PR_SET_KEEPCAPS = 8
 PR_SET_NO_NEW_PRIVS = 38
-CAP_DAC_READ_SEARCH = 2
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 
 
@@ -35,28 +33,23 @@ def set_limits(limits: dict) -> None:
 
 
 def drop_privileges(ctypes, libc, uid: int) -> None:
-    """Become the sandbox's own uid (gid of the same number, no groups), keeping one capability.
+    """Become the sandbox's own uid (gid of the same number, no groups), with no capability.
 
-    CAP_DAC_READ_SEARCH is kept so the interpreter can still read its standard library wherever it
-    lives (e.g. under /root/.pyenv); every write still needs the new uid's own permissions.
+    No CAP_DAC_READ_SEARCH either: with it the code could read every file on the machine (other
+    sandboxes' 0600 files, /etc/shadow); the interpreter's files it needs under /root are bound
+    into the view by _fsview instead, and read as any user may.
     """
-    if libc.prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_KEEPCAPS) failed")
     os.setgroups([])
     os.setgid(uid)
-    os.setuid(uid)
+    os.setuid(uid)  # without PR_SET_KEEPCAPS this clears the permitted and effective sets
     if os.getuid() != uid or os.geteuid() != uid:
         raise RuntimeError("could not drop privileges")
-    header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
-    keep = 1 << CAP_DAC_READ_SEARCH
-    data = (ctypes.c_uint32 * 6)(keep, keep, 0, 0, 0, 0)  # {effective, permitted, inheritable} x2
-    if libc.capset(header, data) != 0:
-        raise OSError(ctypes.get_errno(), "capset failed")
-    _no_new_privs(ctypes, libc)
+    drop_all_capabilities(ctypes, libc)
 
 
 def drop_all_capabilities(ctypes, libc) -> None:
-    """Not root: give up the capabilities a user namespace granted (they could undo the view)."""
+    """Give up every capability (not root: those a user namespace granted, which could undo the
+    view); then no new privileges."""
     header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
     if libc.capset(header, (ctypes.c_uint32 * 6)()) != 0:
         raise OSError(ctypes.get_errno(), "capset failed")

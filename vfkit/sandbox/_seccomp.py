@@ -7,9 +7,9 @@ Standard library only (ctypes): no libseccomp binding is needed.
 
 Refused (EPERM unless said otherwise):
 - running programs (execve, execveat), unless `allow_subprocess`;
-- `open_by_handle_at`/`name_to_handle_at`: with CAP_DAC_READ_SEARCH (kept so the interpreter can
-  read its standard library under /root) a handle opened through the writable sandbox directory
-  would reach any file of the same filesystem, outside the read-only view;
+- `open_by_handle_at`/`name_to_handle_at`: with CAP_DAC_READ_SEARCH (which the code no longer
+  keeps; refused all the same) a handle would reach any file of the same filesystem, outside the
+  sandbox's view;
 - changing the file system view or entering namespaces (mount and friends, unshare, setns, clone
   with a namespace flag; clone3 answers ENOSYS so that libc falls back to clone, whose flags a
   filter can see);

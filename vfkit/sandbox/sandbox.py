@@ -15,7 +15,9 @@ Each run reports which kernel layers held (`SandboxResult.isolation`); a layer t
 cannot give is logged once as a warning. Where the filesystem, processes or syscalls layer is
 missing the run is refused (fails closed) unless `allow_weak_isolation=True`;
 `require_isolation=True` refuses to run without any layer.
-Reads are not restricted: the code can read any file the sandbox uid may read.
+Reads: the code keeps no capability, and the home directories and the sandbox base directory
+are covered in its view (its own directory and the interpreter bound back); what any user may
+read elsewhere it can read.
 """
 
 from __future__ import annotations
