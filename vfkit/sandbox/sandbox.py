@@ -27,7 +27,6 @@ import contextlib
 import json
 import logging
 import os
-import shutil
 import signal
 import sys
 import tempfile
@@ -36,6 +35,7 @@ import weakref
 from pathlib import Path
 
 from vfkit.sandbox import _uids
+from vfkit.sandbox._rmtree import remove_tree
 from vfkit.sandbox._types import SandboxLimits, SandboxResult, _check_seconds
 
 _CHILD = Path(__file__).with_name("_child.py")
@@ -265,10 +265,19 @@ def _status(returncode: int | None, timed_out: bool) -> str:
 
 
 def _cleanup(path: Path, lease: _uids.UidLease | None) -> None:
-    if lease is not None:
-        _uids.kill_uid(lease.uid)
-        lease.release()
-    shutil.rmtree(path, ignore_errors=True)
+    """Kill what is left of the sandbox, delete its directory, give its uid back; never raise
+    (a sandbox that could not be deleted must not end the rollout, let alone the batch)."""
+    try:
+        if lease is not None:
+            _uids.kill_uid(lease.uid)
+        remove_tree(str(path))
+    except Exception as exc:  # logged with what to do; the uid is released all the same
+        if os.path.lexists(path):
+            logger.warning("sandbox: could not delete %s (%s: %s); delete it by hand "
+                           "(rm -rf %s)", path, type(exc).__name__, exc, path)
+    finally:
+        if lease is not None:
+            lease.release()
 
 
 async def run_python(code: str, limits: SandboxLimits | None = None, *, stdin: str = ""

@@ -107,3 +107,13 @@ async def test_misbehaving_code_fails_inside_the_sandbox_and_the_rollout_goes_on
     assert "PermissionError" in outputs[4] and not outside.exists()
     assert state["metrics"]["failed_runs"] == 5.0
     assert state["reward"] == 1.0  # the model still answered, and was scored
+
+
+async def test_a_deep_directory_tree_is_deleted_and_the_rollout_is_scored() -> None:
+    """1100 nested directories: Python 3.11's recursive rmtree raised in cleanup and the
+    rollout was lost; it is deleted without recursion now."""
+    deep = "import os\nfor _ in range(1100):\n    os.mkdir('d')\n    os.chdir('d')\nprint(42)\n"
+    state, outputs = await _rollout([run(deep), "<answer>42</answer>"])
+    assert outputs == ["42"] and state["error"] is None
+    assert state["reward"] == 1.0
+    assert not os.path.exists(state["sandbox_dir"])
