@@ -8,8 +8,10 @@ forbidden effect did not happen: no file appeared outside the sandbox directory,
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import uuid
 from dataclasses import dataclass
@@ -207,3 +209,32 @@ async def test_a_host_process_cannot_be_killed_with_the_hook_disabled() -> None:
     finally:
         victim.kill()
         victim.wait()
+
+
+@pytest.fixture(params=["/tmp", "/var/tmp"])
+def unix_service(request):
+    """A host service on a unix socket anyone may connect to (like docker.sock or an agent)."""
+    folder = Path(tempfile.mkdtemp(prefix="vfkit-uds-", dir=request.param))
+    folder.chmod(0o755)
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(folder / "svc.sock"))
+    (folder / "svc.sock").chmod(0o777)
+    server.listen(1)
+    server.setblocking(False)
+    yield server, str(folder / "svc.sock")
+    server.close()
+    (folder / "svc.sock").unlink()
+    folder.rmdir()
+
+
+async def test_a_unix_socket_on_the_hosts_file_system_is_out_of_reach(unix_service) -> None:
+    """Seccomp lets AF_UNIX through (multiprocessing needs it) and a read-only mount does not
+    stop connect(): the socket's directory is covered in the sandbox's view instead."""
+    server, path = unix_service
+    code = f"import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect({path!r})\n"
+    async with Sandbox(LIMITS) as sb:
+        result = await sb.run(_wrap(code))
+    assert result.ok, result.stderr
+    assert "refused: FileNotFoundError" in result.stdout, result.stdout
+    with pytest.raises(BlockingIOError):
+        server.accept()  # nobody connected

@@ -43,6 +43,7 @@ CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
 PR_SET_CHILD_SUBREAPER = 36
 _FILENAME = "<sandbox>"
+_SOCKET_DIRS = ("/tmp", "/var/tmp", "/run", "/var/run")
 _ESSENTIAL_LAYERS = ("filesystem", "processes", "syscalls")  # refused without, unless weak allowed
 EXIT_SETUP_FAILED = 125  # set-up failed before the user code ran
 
@@ -110,8 +111,9 @@ def _isolate(ctypes, libc, spec: dict) -> dict[str, str]:
 
 def _hidden_dirs(sandbox_dir: str) -> list[str]:
     """Where secrets live that the code has no business reading: every home directory, and the
-    sandbox's base directory (other sandboxes' directories, of other rollouts)."""
-    dirs = ["/root", "/home", os.path.dirname(os.path.realpath(sandbox_dir))]
+    sandbox's base directory (other sandboxes' directories, of other rollouts); and where unix
+    sockets live (a read-only mount does not stop connect(): ssh-agent, tmux, docker, dbus)."""
+    dirs = ["/root", "/home", os.path.dirname(os.path.realpath(sandbox_dir)), *_SOCKET_DIRS]
     with contextlib.suppress(KeyError):
         dirs.append(pwd.getpwuid(os.getuid()).pw_dir)
     return dirs
