@@ -8,8 +8,9 @@ The supervisor enters new mount, IPC, pid and network namespaces (the code inher
 turns the file system read-only but for the sandbox directory (_fsview), becomes a child
 subreaper and forks. With a pid namespace, that child is the namespace's init: it mounts the
 namespace's /proc and forks the code process; when the code exits it reports how and exits, and
-the kernel kills every process left in the namespace (the supervisor SIGKILLs init on SIGTERM
-from the parent, i.e. on the wall clock). Without one, the code process is the supervisor's own
+the kernel kills every process left in the namespace (the supervisor SIGKILLs init at the
+deadline, which it keeps itself, or on SIGTERM from the parent; init dies with the supervisor,
+and the supervisor with the parent). Without one, the code process is the supervisor's own
 child, and the supervisor kills and reaps what the code left (orphans come to it, not to PID 1,
 which on some machines never reaps).
 The code process puts itself in its own process group, applies the limits, drops to the sandbox
@@ -189,6 +190,7 @@ def _run_user_code(code: str) -> int:
 
 def _child_main(spec: dict, status_fd: int, isolation: dict, ctypes, libc) -> None:
     """In the forked code process: lock down, report set-up, run the program, exit."""
+    parent = os.getppid()
     try:
         os.setpgid(0, 0)  # own group: the supervisor (and only it) can kill all of it at once
         _lockdown.set_limits(spec["limits"])
@@ -197,6 +199,7 @@ def _child_main(spec: dict, status_fd: int, isolation: dict, ctypes, libc) -> No
             isolation["identity"] = f"uid {spec['uid']} of its own"
         else:
             _lockdown.drop_all_capabilities(ctypes, libc)
+        _reaper.die_with_parent(ctypes, libc, parent=parent)  # again: a new uid cleared it
         isolation["syscalls"] = _lockdown.install_seccomp(ctypes, libc, spec)
         _check_policy(isolation, spec)
         del ctypes, libc
@@ -223,7 +226,8 @@ def _report(fd: int, message: dict) -> None:
 
 def _init_main(spec: dict, status_fd: int, isolation: dict, ctypes, libc) -> None:
     """pid 1 of the run's pid namespace: its own /proc, then the code process; report how the
-    code ended and exit, upon which the kernel kills every process left in the namespace."""
+    code ended and exit, upon which the kernel kills every process left in the namespace (which
+    is also what happens when the supervisor dies: init dies with it)."""
     if isolation["filesystem"].startswith("none"):  # never mount over the host's /proc
         isolation["processes"] += " (the host's /proc stays visible: no mount namespace)"
     else:
@@ -252,21 +256,27 @@ def main() -> None:
     try:
         ctypes, libc = _load_libc()
         isolation = _isolate(ctypes, libc, spec)
+        # after _isolate: a change of credentials (entering a user namespace) clears the setting
+        _reaper.die_with_parent(ctypes, libc, parent=spec["parent_pid"])
         if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
     except Exception as exc:
         _report(status_fd, {"error": f"{type(exc).__name__}: {exc}"})
         os._exit(EXIT_SETUP_FAILED)
     pid_namespace = not isolation["processes"].startswith("none")
+    alive_r, alive_w = os.pipe()  # the child's check that we did not die before its prctl
     child = os.fork()  # with a pid namespace, this child is its pid 1
     if child == 0:
+        os.close(alive_w)
+        _reaper.die_with_parent(ctypes, libc, alive_fd=alive_r)
         run = _init_main if pid_namespace else _child_main
         run(spec, status_fd, isolation, ctypes, libc)
     os.close(0)  # the program's stdin belongs to the code process
+    os.close(alive_r)
     if pid_namespace:
-        _reaper.relay(child)
+        _report(status_fd, _reaper.relay(child, spec["timeout_s"]))
     else:
-        _report(status_fd, _reaper.supervise(child, spec["uid"]))
+        _report(status_fd, _reaper.supervise(child, spec["uid"], spec["timeout_s"]))
     os._exit(0)
 
 

@@ -39,6 +39,7 @@ from vfkit.sandbox._rmtree import remove_tree
 from vfkit.sandbox._types import SandboxLimits, SandboxResult, _check_seconds
 
 _CHILD = Path(__file__).with_name("_child.py")
+_BACKSTOP_S = 2.0  # past the deadline the supervisor keeps, the parent stops the run itself
 logger = logging.getLogger(__name__)
 _warned: set[str] = set()  # warnings already logged by this process
 
@@ -101,6 +102,7 @@ class Sandbox:
             "Sandbox.run timeout_s", timeout_s)
         status_r, status_w = os.pipe()
         spec = {"code": code, "dir": str(self.path), "uid": self.uid, "status_fd": status_w,
+                "parent_pid": os.getpid(), "timeout_s": timeout,
                 "isolate_network": self.limits.isolate_network,
                 "allow_subprocess": self.limits.allow_subprocess, "limits": self._rlimits(),
                 "require_isolation": self.limits.require_isolation,
@@ -127,7 +129,8 @@ class Sandbox:
         _warn_degraded(result.isolation)
         if "exit" in report or "signal" in report:
             result.exit_code = report.get("exit", -report.get("signal", 0))
-        result.status = _status(result.exit_code, result.status == "timeout")
+        timed_out = result.status == "timeout" or report.get("timeout", False)
+        result.status = _status(result.exit_code, timed_out)
         if "error" in report:
             result.status, result.stderr = "setup_failed", report["error"]
             _warn_once(f"sandbox: {report['error']}")
@@ -140,7 +143,8 @@ class Sandbox:
         out_task = asyncio.ensure_future(_read_capped(proc.stdout, cap))  # type: ignore[arg-type]  # PIPE set
         err_task = asyncio.ensure_future(_read_capped(proc.stderr, cap))  # type: ignore[arg-type]  # PIPE set
         feeder = asyncio.ensure_future(_feed(proc, stdin.encode()))
-        timed_out = not await _exited(proc, timeout)
+        # the supervisor keeps the deadline itself; this is the backstop for a stuck one
+        timed_out = not await _exited(proc, timeout + _BACKSTOP_S)
         if timed_out:  # the supervisor kills the code on SIGTERM; if it is stuck, we kill all
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
