@@ -169,8 +169,18 @@ _REFUSE_NAMESPACES = """
     from vfkit.sandbox import SandboxLimits, _seccomp, run_python
     libc = ctypes.CDLL(None, use_errno=True)
     assert libc.prctl(38, 1, 0, 0, 0) == 0  # PR_SET_NO_NEW_PRIVS, needed for the filter
-    # the sandbox's own filter refuses unshare: a machine where namespaces are not allowed
-    _seccomp.install(ctypes, libc, allow_exec=True, unix_sockets_only=False)
+    if sys.argv[3] == "unshare":
+        # the sandbox's own filter refuses unshare: a machine where namespaces are not allowed
+        _seccomp.install(ctypes, libc, allow_exec=True, unix_sockets_only=False)
+    else:  # mount(..., MS_RDONLY|NOSUID|NODEV|NOEXEC) -> EPERM: only the fresh /proc fails
+        op, mount_nr = _seccomp._op, _seccomp._ARCHES["x86_64"][1]["mount"]
+        prog = b"".join([op(0x20, 0), op(0x15, mount_nr, 0, 3), op(0x20, 40),
+                         op(0x15, 0xF, 0, 1), op(0x06, 0x00050000 | 1), op(0x06, 0x7FFF0000)])
+        buf = ctypes.create_string_buffer(prog, len(prog))
+        class Prog(ctypes.Structure):
+            _fields_ = (("len", ctypes.c_ushort), ("filter", ctypes.c_void_p))
+        fprog = Prog(len(prog) // 8, ctypes.cast(buf, ctypes.c_void_p))
+        assert libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) == 0
     async def main():
         runs = {}
         modes = {"default": {}, "weak": {"allow_weak_isolation": True},
@@ -183,12 +193,12 @@ _REFUSE_NAMESPACES = """
 """
 
 
-def _run_without_namespaces(code: str, modes: str, as_nobody: bool = False
-                            ) -> tuple[dict, str]:
+def _run_without_namespaces(code: str, modes: str, as_nobody: bool = False,
+                            refuse: str = "unshare") -> tuple[dict, str]:
     """Run `code` in sandboxes of `modes` (default, weak, strict) from a process that may not
-    unshare; as `nobody` (lent only the capability to read this interpreter under /root) if
-    asked."""
-    cmd = [sys.executable, "-c", textwrap.dedent(_REFUSE_NAMESPACES), code, modes]
+    unshare (`refuse="proc"`: that may not mount a fresh /proc); as `nobody` (lent only the
+    capability to read this interpreter under /root) if asked."""
+    cmd = [sys.executable, "-c", textwrap.dedent(_REFUSE_NAMESPACES), code, modes, refuse]
     if as_nobody:
         cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
                "--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search", *cmd]
@@ -252,3 +262,18 @@ def _check_code_does_not_run(target: Path) -> None:
     assert "allow_weak_isolation=True" in stderr and "filesystem: none" in stderr
     assert isolation["identity"].startswith("none (not root and no user namespace")
     assert not target.exists()
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the test's filter is x86_64 only")
+def test_a_pid_namespace_without_its_own_proc_is_a_missing_layer() -> None:
+    """The host's /proc stays visible when a fresh one cannot be mounted (some container
+    runtimes mask /proc): the code could read other processes' command lines, so `processes`
+    is missing, and the run is refused like any other missing layer."""
+    code = "import os\nprint(len([p for p in os.listdir('/proc') if p.isdigit()]) > 2)"
+    runs, log = _run_without_namespaces(code, "default,weak", refuse="proc")
+    status, stdout, stderr, isolation = runs["default"]
+    assert isolation["processes"].startswith("none (a pid namespace, but the host's /proc")
+    assert status == "setup_failed" and "processes: none" in stderr and stdout == ""
+    assert "no kernel-enforced processes isolation" in log
+    status, stdout, _, isolation = runs["weak"]
+    assert status == "ok" and stdout == "True\n"  # what the layer was missing for

@@ -228,13 +228,17 @@ def _init_main(spec: dict, status_fd: int, isolation: dict, ctypes, libc) -> Non
     """pid 1 of the run's pid namespace: its own /proc, then the code process; report how the
     code ended and exit, upon which the kernel kills every process left in the namespace (which
     is also what happens when the supervisor dies: init dies with it)."""
+    # without its own /proc the code still reads the host's processes (command lines, and not
+    # root your environment): the layer is missing, and is reported (and refused) as such
     if isolation["filesystem"].startswith("none"):  # never mount over the host's /proc
-        isolation["processes"] += " (the host's /proc stays visible: no mount namespace)"
+        isolation["processes"] = ("none (a pid namespace, but the host's /proc stays visible: "
+                                  "no mount namespace)")
     else:
         try:
             _fsview.mount_proc(ctypes, libc)
         except OSError as exc:
-            isolation["processes"] += f" (the host's /proc stays visible: {exc})"
+            isolation["processes"] = (f"none (a pid namespace, but the host's /proc stays "
+                                      f"visible: {exc})")
     code = os.fork()
     if code == 0:
         _child_main(spec, status_fd, isolation, ctypes, libc)
