@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from vfkit.sandbox import Sandbox, SandboxLimits, _uids, run_python
+from vfkit.sandbox import Sandbox, SandboxLimits, _output, _uids, run_python
 
 AS_ROOT = os.geteuid() == 0
 FAST = SandboxLimits(timeout_s=3, cpu_seconds=3)
@@ -170,6 +170,20 @@ async def test_output_is_truncated() -> None:
     assert result.ok and result.truncated
     assert result.stdout.startswith("x" * 1000 + "\n... [output truncated: 99001 more bytes]")
     assert len(result.format(max_chars=50)) < 100
+
+
+async def test_an_output_flood_stops_the_run_and_the_reading() -> None:
+    """Writing in a loop made the parent read gigabytes until the wall clock: now it reads at
+    most 1 MiB past the cap per stream, then stops the run."""
+    flood = "import os\nchunk = b'x' * 65536\nwhile True:\n    os.write(1, chunk)\n"
+    result = await run_python(flood, SandboxLimits(timeout_s=20, max_output_bytes=1000))
+    assert result.status == "output_limit" and result.truncated
+    head, note = result.stdout.split("\n", 1)
+    assert head == "x" * 1000
+    read = int(note.removeprefix("... [output truncated: the run was stopped after ")
+               .removesuffix(" bytes]"))
+    assert read <= 1000 + _output.DRAIN_BYTES + 65536  # the last read overshoots by a chunk
+    assert result.format().endswith("[killed: too much output]")
 
 
 async def test_runs_do_not_block_the_event_loop() -> None:

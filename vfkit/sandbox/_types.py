@@ -24,7 +24,9 @@ class SandboxLimits:
     max_processes: int = 16  # RLIMIT_NPROC: processes + threads of the sandbox (root: exact)
     file_size_mb: int = 16  # RLIMIT_FSIZE: largest file the code may write
     open_files: int = 64  # RLIMIT_NOFILE
-    max_output_bytes: int = 16_384  # kept per stream (stdout, stderr); the rest is counted
+    # kept per stream (stdout, stderr); the rest is counted, and 1 MiB past it the run is
+    # stopped (status output_limit)
+    max_output_bytes: int = 16_384
     isolate_network: bool = True  # new network namespace + AF_UNIX-only sockets (seccomp)
     allow_subprocess: bool = False  # let the code start other programs (execve)
     require_isolation: bool = False  # refuse to run where any kernel layer is missing
@@ -73,7 +75,7 @@ class SandboxResult:
     stdout: str
     stderr: str
     exit_code: int | None  # negative: killed by that signal
-    status: str  # ok | error | timeout | cpu_limit | killed | setup_failed
+    status: str  # ok | error | timeout | cpu_limit | killed | output_limit | setup_failed
     duration_s: float
     truncated: bool = False  # some output was dropped
     # which kernel layer held, per threat (network, ipc, processes, filesystem, identity,
@@ -99,6 +101,7 @@ class SandboxResult:
             "cpu_limit": "[killed: CPU time limit]",
             "killed": f"[killed by signal {-(self.exit_code or 0)}]",
             "setup_failed": "[sandbox could not start]",
+            "output_limit": "[killed: too much output]",
         }.get(self.status)
         if self.status == "error" and self.exit_code not in (None, 1):
             note = f"[exit code {self.exit_code}]"

@@ -34,7 +34,7 @@ import time
 import weakref
 from pathlib import Path
 
-from vfkit.sandbox import _uids
+from vfkit.sandbox import _output, _uids
 from vfkit.sandbox._rmtree import remove_tree
 from vfkit.sandbox._types import SandboxLimits, SandboxResult, _check_seconds
 
@@ -42,24 +42,6 @@ _CHILD = Path(__file__).with_name("_child.py")
 _BACKSTOP_S = 2.0  # past the deadline the supervisor keeps, the parent stops the run itself
 logger = logging.getLogger(__name__)
 _warned: set[str] = set()  # warnings already logged by this process
-
-
-async def _read_capped(stream: asyncio.StreamReader, cap: int) -> tuple[bytes, int]:
-    """Read a stream to its end, keeping the first `cap` bytes; return (kept, total)."""
-    kept = bytearray()
-    total = 0
-    while chunk := await stream.read(65_536):
-        total += len(chunk)
-        if len(kept) < cap:
-            kept += chunk[: cap - len(kept)]
-    return bytes(kept), total
-
-
-def _decode(data: bytes, total: int) -> str:
-    text = data.decode("utf-8", errors="replace")
-    if total > len(data):
-        text += f"\n... [output truncated: {total - len(data)} more bytes]"
-    return text
 
 
 class Sandbox:
@@ -129,8 +111,9 @@ class Sandbox:
         _warn_degraded(result.isolation)
         if "exit" in report or "signal" in report:
             result.exit_code = report.get("exit", -report.get("signal", 0))
-        timed_out = result.status == "timeout" or report.get("timeout", False)
-        result.status = _status(result.exit_code, timed_out)
+        if result.status != "output_limit":
+            timed_out = result.status == "timeout" or report.get("timeout", False)
+            result.status = _status(result.exit_code, timed_out)
         if "error" in report:
             result.status, result.stderr = "setup_failed", report["error"]
             _warn_once(f"sandbox: {report['error']}")
@@ -138,28 +121,30 @@ class Sandbox:
 
     async def _collect(self, proc: asyncio.subprocess.Process, stdin: str, timeout: float
                        ) -> SandboxResult:
-        """Feed stdin, read both streams with a cap, and enforce the wall clock."""
-        cap = self.limits.max_output_bytes
-        out_task = asyncio.ensure_future(_read_capped(proc.stdout, cap))  # type: ignore[arg-type]  # PIPE set
-        err_task = asyncio.ensure_future(_read_capped(proc.stderr, cap))  # type: ignore[arg-type]  # PIPE set
+        """Feed stdin, read both streams with a cap, and stop the run when it floods them or
+        outlives the supervisor's own deadline (a backstop: the supervisor keeps it)."""
+        cap, flooded, over = self.limits.max_output_bytes, asyncio.Event(), asyncio.Event()
+        readers = [asyncio.ensure_future(_output.read_capped(stream, cap, flooded, over))
+                   for stream in (proc.stdout, proc.stderr)]  # type: ignore[arg-type]  # PIPE set
         feeder = asyncio.ensure_future(_feed(proc, stdin.encode()))
-        # the supervisor keeps the deadline itself; this is the backstop for a stuck one
-        timed_out = not await _exited(proc, timeout + _BACKSTOP_S)
-        if timed_out:  # the supervisor kills the code on SIGTERM; if it is stuck, we kill all
+        ended = await _exited(proc, timeout + _BACKSTOP_S, stop=flooded)
+        if not ended:  # the supervisor kills the code on SIGTERM; if it is stuck, we kill all
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
             if not await _exited(proc, 3.0):
                 self._kill_all(proc.pid)
                 await _exited(proc, 3.0)
-        done, pending = await asyncio.wait({out_task, err_task, feeder}, timeout=2.0)
+        over.set()
+        done, pending = await asyncio.wait({*readers, feeder}, timeout=2.0)
         for task in pending:  # a pipe still held open by an escaped process: stop waiting
             task.cancel()
-        out, out_total = out_task.result() if out_task in done else (b"", 0)
-        err, err_total = err_task.result() if err_task in done else (b"", 0)
+        (out, out_total, out_cut), (err, err_total, err_cut) = (
+            task.result() if task in done else (b"", 0, False) for task in readers)
+        status = "" if ended else "output_limit" if flooded.is_set() else "timeout"
         return SandboxResult(
-            stdout=_decode(out, out_total), stderr=_decode(err, err_total), exit_code=None,
-            status="timeout" if timed_out else "", duration_s=0.0,
-            truncated=out_total > len(out) or err_total > len(err),
+            stdout=_output.decode(out, out_total, out_cut),
+            stderr=_output.decode(err, err_total, err_cut), exit_code=None, status=status,
+            duration_s=0.0, truncated=out_total > len(out) or err_total > len(err),
         )
 
     def _rlimits(self) -> dict:
@@ -201,11 +186,13 @@ class Sandbox:
         self.close()
 
 
-async def _exited(proc: asyncio.subprocess.Process, timeout: float) -> bool:
-    """Wait for the main process to exit (not for its pipes, which children may hold open)."""
+async def _exited(proc: asyncio.subprocess.Process, timeout: float,
+                  stop: asyncio.Event | None = None) -> bool:
+    """Wait for the main process to exit (not for its pipes, which children may hold open);
+    False when `timeout` passed or `stop` was set first."""
     deadline = time.monotonic() + timeout
     while proc.returncode is None:
-        if time.monotonic() >= deadline:
+        if time.monotonic() >= deadline or (stop is not None and stop.is_set()):
             return False
         await asyncio.sleep(0.01)
     return True
