@@ -186,6 +186,23 @@ async def test_an_output_flood_stops_the_run_and_the_reading() -> None:
     assert result.format().endswith("[killed: too much output]")
 
 
+async def test_cancelling_a_run_leaves_the_sandboxs_other_runs_alone() -> None:
+    """Cancelling used to kill every process of the sandbox's uid: its other runs too."""
+    async with Sandbox(SandboxLimits(timeout_s=20)) as sb:
+        endless = asyncio.ensure_future(sb.run("import time\nwhile True:\n    time.sleep(1)"))
+        other = asyncio.ensure_future(sb.run(
+            "import os, time\nopen('other', 'w').close()\n"
+            "while not os.path.exists('cancelled'):\n    time.sleep(0.05)\nprint('done')"))
+        while not (sb.path / "other").exists():
+            await asyncio.sleep(0.05)
+        endless.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await endless
+        (sb.path / "cancelled").touch()  # only now may the other run finish
+        result = await other
+    assert result.ok and result.stdout == "done\n", (result.status, result.stderr)
+
+
 async def test_runs_do_not_block_the_event_loop() -> None:
     ticks = 0
 

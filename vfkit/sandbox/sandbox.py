@@ -101,11 +101,10 @@ class Sandbox:
             os.close(status_w)
         try:
             result = await self._collect(proc, json.dumps(spec) + "\n" + stdin, timeout)
-        except BaseException:  # cancelled (e.g. the rollout was): leave nothing running
-            self._kill_all(proc.pid)
+        except BaseException:  # cancelled (e.g. the rollout was): leave nothing of it running
+            self._kill_all(proc.pid, whole_uid=not _own_pid_namespace(_read_status(status_r)))
             raise
-        finally:
-            report = _read_status(status_r)
+        report = _read_status(status_r)
         result.duration_s = time.monotonic() - started
         result.isolation = report.get("isolation", {})
         _warn_degraded(result.isolation)
@@ -162,11 +161,14 @@ class Sandbox:
                 "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "OMP_NUM_THREADS": "1",
                 "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
-    def _kill_all(self, pid: int) -> None:
-        """Kill the run's process group and, as root, every process of the sandbox uid."""
+    def _kill_all(self, pid: int, whole_uid: bool = True) -> None:
+        """Kill the run's supervisor and init (its process group): the pid namespace dies with
+        init, and the code process with its parent before it reported. `whole_uid` (as root):
+        also every process of the sandbox uid, which ends this sandbox's other runs too, so
+        only where the run has no pid namespace of its own (or its supervisor is stuck)."""
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
-        if self._lease is not None:
+        if whole_uid and self._lease is not None:
             _uids.kill_uid(self._lease.uid)
 
     def close(self) -> None:
@@ -228,6 +230,12 @@ def _read_status(fd: int) -> dict:
     if not report:
         report["error"] = "the sandbox process ended before reporting"
     return report
+
+
+def _own_pid_namespace(report: dict) -> bool:
+    """Whether the run is (or was to be) in a pid namespace of its own: yes unless its report
+    says otherwise; before any report, no code has run, and what exists dies with its parent."""
+    return not report.get("isolation", {}).get("processes", "").startswith("none")
 
 
 def _warn_degraded(isolation: dict[str, str]) -> None:
