@@ -42,6 +42,15 @@ async def test_bad_timeout_for_one_run_is_refused_by_name(timeout: object) -> No
             await sb.run(b"print(1)")  # type: ignore[arg-type]  # the point
 
 
+async def test_stdin_that_is_not_utf8_text_is_refused_before_the_run() -> None:
+    with Sandbox(SandboxLimits(timeout_s=5)) as sb:
+        with pytest.raises(ValueError, match=r"Sandbox\.run: stdin cannot be sent to the "
+                                             r"program: '\\udc80' at position 3 is a lone"):
+            await sb.run("print(input())", stdin="abc\udc80")
+        again = await sb.run("print(input())", stdin="abc\n")  # the sandbox goes on
+    assert again.stdout == "abc\n"
+
+
 async def test_a_timeout_for_one_run_overrides_the_limit() -> None:
     with Sandbox(SandboxLimits(timeout_s=30, cpu_seconds=30)) as sb:
         result = await sb.run("while True:\n    pass\n", timeout_s=0.5)

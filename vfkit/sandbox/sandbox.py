@@ -82,6 +82,7 @@ class Sandbox:
                 raise ValueError(f"Sandbox.run: {name} must be a str, got {type(value).__name__}")
         timeout = self.limits.timeout_s if timeout_s is None else _check_seconds(
             "Sandbox.run timeout_s", timeout_s)
+        stdin_bytes = _utf8("stdin", stdin)  # before a process exists: nothing to clean up
         status_r, status_w = os.pipe()
         spec = {"code": code, "dir": str(self.path), "uid": self.uid, "status_fd": status_w,
                 "parent_pid": os.getpid(), "timeout_s": timeout,
@@ -100,7 +101,8 @@ class Sandbox:
         finally:
             os.close(status_w)
         try:
-            result = await self._collect(proc, json.dumps(spec) + "\n" + stdin, timeout)
+            result = await self._collect(proc, (json.dumps(spec) + "\n").encode() + stdin_bytes,
+                                         timeout)
         except BaseException:  # cancelled (e.g. the rollout was): leave nothing of it running
             self._kill_all(proc.pid, whole_uid=not _own_pid_namespace(_read_status(status_r)))
             raise
@@ -118,14 +120,14 @@ class Sandbox:
             _warn_once(f"sandbox: {report['error']}")
         return result
 
-    async def _collect(self, proc: asyncio.subprocess.Process, stdin: str, timeout: float
+    async def _collect(self, proc: asyncio.subprocess.Process, stdin: bytes, timeout: float
                        ) -> SandboxResult:
         """Feed stdin, read both streams with a cap, and stop the run when it floods them or
         outlives the supervisor's own deadline (a backstop: the supervisor keeps it)."""
         cap, flooded, over = self.limits.max_output_bytes, asyncio.Event(), asyncio.Event()
         readers = [asyncio.ensure_future(_output.read_capped(stream, cap, flooded, over))
                    for stream in (proc.stdout, proc.stderr)]  # type: ignore[arg-type]  # PIPE set
-        feeder = asyncio.ensure_future(_feed(proc, stdin.encode()))
+        feeder = asyncio.ensure_future(_feed(proc, stdin))
         ended = await _exited(proc, timeout + _BACKSTOP_S, stop=flooded)
         if not ended:  # the supervisor kills the code on SIGTERM; if it is stuck, we kill all
             with contextlib.suppress(ProcessLookupError):
@@ -186,6 +188,18 @@ class Sandbox:
 
     async def __aexit__(self, *exc: object) -> None:
         self.close()
+
+
+def _utf8(name: str, text: str) -> bytes:
+    """`text` as UTF-8, or a ValueError that names the argument and where it cannot be encoded
+    (a lone surrogate, e.g. from bytes decoded with errors="surrogateescape")."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"Sandbox.run: {name} cannot be sent to the program: {text[exc.start]!r} at "
+            f"position {exc.start} is a lone surrogate, not encodable as UTF-8; pass text "
+            f"(decode bytes with errors='replace')") from None
 
 
 async def _exited(proc: asyncio.subprocess.Process, timeout: float,
