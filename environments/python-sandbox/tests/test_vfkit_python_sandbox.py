@@ -117,3 +117,11 @@ async def test_a_deep_directory_tree_is_deleted_and_the_rollout_is_scored() -> N
     assert outputs == ["42"] and state["error"] is None
     assert state["reward"] == 1.0
     assert not os.path.exists(state["sandbox_dir"])
+
+
+async def test_control_characters_in_the_output_are_shown_escaped() -> None:
+    """ANSI escapes, carriage returns, NUL and bidi overrides reached the tool reply raw."""
+    code = ("import sys\nsys.stdout.buffer.write("
+            "b'\\x1b[31mRED\\x1b[0m\\rok\\x00\\tend\\n\\xe2\\x80\\xaeevil')")
+    _, outputs = await _rollout([run(code), "<answer>42</answer>"])
+    assert outputs == ["\\x1b[31mRED\\x1b[0m\\rok\\x00\tend\n\\u202eevil"]
