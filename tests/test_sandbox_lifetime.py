@@ -70,6 +70,7 @@ def _start(mode: str, timeout_s: float) -> tuple[subprocess.Popen, int, Path]:
 def _stop(parent: subprocess.Popen, uid: int, path: Path) -> None:
     parent.kill()
     parent.wait()
+    parent.stdout.close()  # type: ignore[union-attr]  # PIPE set
     _uids.kill_uid(uid)
     if path.exists():  # the parent was killed before it could delete it
         remove_tree(str(path))
