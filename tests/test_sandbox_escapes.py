@@ -8,8 +8,10 @@ forbidden effect did not happen: no file appeared outside the sandbox directory,
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import uuid
 from dataclasses import dataclass
@@ -176,7 +178,8 @@ def _host_shm_keys() -> set[int]:
 
 @pytest.mark.skipif(not os.path.exists("/proc/sysvipc/shm"), reason="no System V IPC here")
 async def test_system_v_shared_memory_does_not_outlive_the_run() -> None:
-    """A segment made with ctypes would stay in the host's IPC namespace after the run ended."""
+    """A segment made with ctypes would stay in the host's IPC namespace after the run ended
+    (seccomp refuses shmget now; the IPC namespace would drop one all the same)."""
     key = int(uuid.uuid4().int % 2**30) + 1
     code = _LOAD_CTYPES + (
         f"    shm_id = ctypes.CDLL(None, use_errno=True).shmget({key}, 4096, 0o1000 | 0o600)\n"
@@ -185,7 +188,7 @@ async def test_system_v_shared_memory_does_not_outlive_the_run() -> None:
         async with Sandbox(LIMITS) as sb:
             result = await sb.run(_wrap(code))
         assert result.ok, result.stderr
-        assert "segment" in result.stdout, result.stdout  # it was made, in the run's namespace
+        assert "segment -1" in result.stdout, result.stdout  # seccomp refused it
         assert key not in _host_shm_keys(), "the segment outlived the run in the host"
     finally:
         if key in _host_shm_keys():  # a sandbox without its own IPC namespace leaked it
@@ -207,3 +210,67 @@ async def test_a_host_process_cannot_be_killed_with_the_hook_disabled() -> None:
     finally:
         victim.kill()
         victim.wait()
+
+
+@pytest.fixture(params=["/tmp", "/var/tmp"])
+def unix_service(request):
+    """A host service on a unix socket anyone may connect to (like docker.sock or an agent)."""
+    folder = Path(tempfile.mkdtemp(prefix="vfkit-uds-", dir=request.param))
+    folder.chmod(0o755)
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(folder / "svc.sock"))
+    (folder / "svc.sock").chmod(0o777)
+    server.listen(1)
+    server.setblocking(False)
+    yield server, str(folder / "svc.sock")
+    server.close()
+    (folder / "svc.sock").unlink()
+    folder.rmdir()
+
+
+async def test_a_unix_socket_on_the_hosts_file_system_is_out_of_reach(unix_service) -> None:
+    """Seccomp lets AF_UNIX through (multiprocessing needs it) and a read-only mount does not
+    stop connect(): the socket's directory is covered in the sandbox's view instead."""
+    server, path = unix_service
+    code = f"import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect({path!r})\n"
+    async with Sandbox(LIMITS) as sb:
+        result = await sb.run(_wrap(code))
+    assert result.ok, result.stderr
+    assert "refused: FileNotFoundError" in result.stdout, result.stdout
+    with pytest.raises(BlockingIOError):
+        server.accept()  # nobody connected
+
+
+# Memory that RLIMIT_AS does not count: a memfd written with write() (never mapped), and a System
+# V segment attached, filled and detached (it stays allocated). 128 MB each, limit 64 MB.
+_MEMORY_AROUND_THE_LIMIT = _LOAD_CTYPES + """
+    chunk = b'x' * (1 << 20)
+    try:
+        fd = os.memfd_create('m')
+        for _ in range(128):
+            os.write(fd, chunk)
+        print('memfd held 128 MB')
+    except OSError as exc:
+        print('memfd refused', exc.errno)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.shmat.restype = ctypes.c_void_p
+    for _ in range(4):  # 32 MB at a time: each fits in the address space while attached
+        segment = libc.shmget(0, 32 << 20, 0o1000 | 0o600)
+        if segment < 0:
+            print('shmget refused', ctypes.get_errno())
+            break
+        address = libc.shmat(segment, None, 0)
+        assert address != ctypes.c_void_p(-1).value, os.strerror(ctypes.get_errno())
+        ctypes.memset(address, 1, 32 << 20)
+        libc.shmdt(ctypes.c_void_p(address))
+    else:
+        print('shm held 128 MB')
+"""
+
+
+async def test_memory_outside_the_address_space_limit_is_refused() -> None:
+    limits = SandboxLimits(timeout_s=8, cpu_seconds=8, memory_mb=64, file_size_mb=256)
+    async with Sandbox(limits) as sb:
+        result = await sb.run(_wrap(_MEMORY_AROUND_THE_LIMIT))
+    assert result.ok, result.stderr
+    assert result.stdout == f"memfd refused 1\nshmget refused 1\n{DONE}\n", result.stdout

@@ -14,7 +14,8 @@ COUNTS = ["cpu_seconds", "memory_mb", "max_processes", "file_size_mb", "open_fil
 CASES = (
     [("timeout_s", v) for v in BAD_NUMBERS]
     + [(name, v) for name in COUNTS for v in [*BAD_NUMBERS, 1.5, 2**40]]
-    + [(name, v) for name in ("isolate_network", "allow_subprocess", "require_isolation")
+    + [(name, v) for name in ("isolate_network", "allow_subprocess", "require_isolation",
+                              "allow_weak_isolation")
        for v in ("yes", 1, None)]
 )
 
@@ -41,6 +42,15 @@ async def test_bad_timeout_for_one_run_is_refused_by_name(timeout: object) -> No
             await sb.run(b"print(1)")  # type: ignore[arg-type]  # the point
 
 
+async def test_stdin_that_is_not_utf8_text_is_refused_before_the_run() -> None:
+    with Sandbox(SandboxLimits(timeout_s=5)) as sb:
+        with pytest.raises(ValueError, match=r"Sandbox\.run: stdin cannot be sent to the "
+                                             r"program: '\\udc80' at position 3 is a lone"):
+            await sb.run("print(input())", stdin="abc\udc80")
+        again = await sb.run("print(input())", stdin="abc\n")  # the sandbox goes on
+    assert again.stdout == "abc\n"
+
+
 async def test_a_timeout_for_one_run_overrides_the_limit() -> None:
     with Sandbox(SandboxLimits(timeout_s=30, cpu_seconds=30)) as sb:
         result = await sb.run("while True:\n    pass\n", timeout_s=0.5)
@@ -53,3 +63,8 @@ def test_bad_sandbox_arguments_are_refused_by_name(tmp_path) -> None:
     with pytest.raises(ValueError, match="Sandbox limits must be a SandboxLimits, got dict"):
         Sandbox({"timeout_s": 5})  # type: ignore[arg-type]  # the point
     assert list(tmp_path.iterdir()) == []
+
+
+def test_weak_and_required_isolation_together_are_refused() -> None:
+    with pytest.raises(ValueError, match="require_isolation and allow_weak_isolation contradict"):
+        SandboxLimits(require_isolation=True, allow_weak_isolation=True)

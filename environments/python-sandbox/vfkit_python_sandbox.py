@@ -30,6 +30,10 @@ SYSTEM_PROMPT = (
     "see). When you know the answer, reply with the number inside <answer></answer> tags."
 )
 NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
+# control characters but \t and \n (C0, DEL, C1) and bidirectional overrides: shown escaped, so
+# that the program's output cannot hide text from a reader of the transcript (\r, ANSI escapes,
+# right-to-left overrides) nor carry NUL into the messages
+CONTROL_RE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 _rollout_sandbox: ContextVar[Sandbox] = ContextVar("rollout_sandbox")
 
 
@@ -75,6 +79,11 @@ def make_rows(n: int, seed: int) -> list[dict]:
     return rows
 
 
+def escape_controls(text: str) -> str:
+    """`text` with each control character (but tab and newline) written as an escape: \\x1b."""
+    return CONTROL_RE.sub(lambda m: ascii(m.group())[1:-1], text)
+
+
 def final_number(parser: vf.XMLParser, completion) -> str | None:
     """The final answer: <answer> content, else the last number of the last reply."""
     replies = [m for m in parser.get_assistant_messages(completion) if m.get("content")]
@@ -106,7 +115,7 @@ class PythonSandboxEnv(vf.StatefulToolEnv):
         result = await self.sandboxes[sandbox_dir].run(code)
         if not result.ok:
             self.failures[sandbox_dir] = self.failures.get(sandbox_dir, 0) + 1
-        return result.format(max_chars=self.max_output_chars)
+        return escape_controls(result.format(max_chars=self.max_output_chars))
 
     async def setup_state(self, state: vf.State) -> vf.State:
         state["sandbox_dir"] = str(_rollout_sandbox.get().path)
@@ -143,8 +152,14 @@ def load_environment(
     max_processes: int = 8,
     max_output_chars: int = 2000,
     system_prompt: str = SYSTEM_PROMPT,
+    allow_weak_isolation: bool = False,
 ) -> vf.Environment:
-    """Build the environment; the sandbox limits apply to every run_python call."""
+    """Build the environment; the sandbox limits apply to every run_python call.
+
+    The sandbox fails closed: on a machine without namespaces or seccomp every run_python call
+    is refused (the tool reply says why) unless `allow_weak_isolation=True` accepts running
+    the model's code with less isolation (see vfkit/sandbox/README.md).
+    """
     parser = vf.XMLParser(["answer"])
 
     def correct_answer(completion, answer: str) -> float:
@@ -161,7 +176,8 @@ def load_environment(
         vf.ToolRubric(tools=["run_python"]),
     ])
     limits = SandboxLimits(timeout_s=timeout_s, cpu_seconds=cpu_seconds, memory_mb=memory_mb,
-                           max_processes=max_processes)
+                           max_processes=max_processes,
+                           allow_weak_isolation=allow_weak_isolation)
     return PythonSandboxEnv(
         limits=limits, max_output_chars=max_output_chars, max_turns=max_turns,
         dataset=make_rows(num_train_examples, seed),

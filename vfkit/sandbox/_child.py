@@ -8,12 +8,13 @@ The supervisor enters new mount, IPC, pid and network namespaces (the code inher
 turns the file system read-only but for the sandbox directory (_fsview), becomes a child
 subreaper and forks. With a pid namespace, that child is the namespace's init: it mounts the
 namespace's /proc and forks the code process; when the code exits it reports how and exits, and
-the kernel kills every process left in the namespace (the supervisor SIGKILLs init on SIGTERM
-from the parent, i.e. on the wall clock). Without one, the code process is the supervisor's own
+the kernel kills every process left in the namespace (the supervisor SIGKILLs init at the
+deadline, which it keeps itself, or on SIGTERM from the parent; init dies with the supervisor,
+and the supervisor with the parent). Without one, the code process is the supervisor's own
 child, and the supervisor kills and reaps what the code left (orphans come to it, not to PID 1,
 which on some machines never reaps).
 The code process puts itself in its own process group, applies the limits, drops to the sandbox
-uid (or, not root, drops every capability), installs the seccomp filter (_seccomp) and the audit
+uid (as root) and drops every capability, installs the seccomp filter (_seccomp) and the audit
 hook (in that order: each step would block the next). Each layer that could not be put in place
 is reported as "none (why)" in the isolation report, never skipped silently.
 """
@@ -24,7 +25,7 @@ import contextlib
 import json
 import linecache
 import os
-import resource
+import pwd
 import signal
 import sys
 import traceback
@@ -32,7 +33,8 @@ import traceback
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, _HERE)  # -I leaves the script's folder off sys.path; removed before user code
 import _fsview  # noqa: E402  # needs the path line above
-import _seccomp  # noqa: E402
+import _lockdown  # noqa: E402
+import _reaper  # noqa: E402
 from _audit import make_audit_hook  # noqa: E402
 
 CLONE_NEWNS = 0x00020000
@@ -40,12 +42,10 @@ CLONE_NEWIPC = 0x08000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
-PR_SET_KEEPCAPS = 8
-PR_SET_NO_NEW_PRIVS = 38
 PR_SET_CHILD_SUBREAPER = 36
-CAP_DAC_READ_SEARCH = 2
-_LINUX_CAPABILITY_VERSION_3 = 0x20080522
 _FILENAME = "<sandbox>"
+_SOCKET_DIRS = ("/tmp", "/var/tmp", "/run", "/var/run")
+_ESSENTIAL_LAYERS = ("filesystem", "processes", "syscalls")  # refused without, unless weak allowed
 EXIT_SETUP_FAILED = 125  # set-up failed before the user code ran
 
 
@@ -98,11 +98,34 @@ def _isolate(ctypes, libc, spec: dict) -> dict[str, str]:
     else:
         try:
             view = _fsview.make_readonly_view(ctypes, libc, spec["dir"],
-                                              spec["limits"]["file_size_mb"])
+                                              spec["limits"]["file_size_mb"],
+                                              _hidden_dirs(spec["dir"]), _interpreter_paths())
             report["filesystem"] = view + (" (in a user namespace)" if "userns" in how else "")
         except OSError as exc:
             report["filesystem"] = f"none ({exc})"
+    if spec["uid"] is None:  # as root the code process reports the uid it drops to
+        report["identity"] = (
+            "your own user in a user namespace, without capabilities" if "userns" in how
+            else "none (not root and no user namespace: runs as your own user, with its rights)")
     return report
+
+
+def _hidden_dirs(sandbox_dir: str) -> list[str]:
+    """Where secrets live that the code has no business reading: every home directory, and the
+    sandbox's base directory (other sandboxes' directories, of other rollouts); and where unix
+    sockets live (a read-only mount does not stop connect(): ssh-agent, tmux, docker, dbus)."""
+    dirs = ["/root", "/home", os.path.dirname(os.path.realpath(sandbox_dir)), *_SOCKET_DIRS]
+    with contextlib.suppress(KeyError):
+        dirs.append(pwd.getpwuid(os.getuid()).pw_dir)
+    return dirs
+
+
+def _interpreter_paths() -> list[str]:
+    """What the interpreter may read after set-up: its prefixes, executable and import path
+    (not this folder: its modules are loaded already)."""
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+             os.path.dirname(os.path.realpath(sys.executable)), *sys.path}
+    return sorted(p for p in paths if p and p != _HERE)
 
 
 def _map_ids(uid: int, gid: int) -> None:
@@ -115,69 +138,32 @@ def _map_ids(uid: int, gid: int) -> None:
         f.write(f"{gid} {gid} 1")
 
 
-def _set_limits(limits: dict) -> None:
-    """Apply the resource limits; hard limits too, so the code cannot raise them again."""
-    cpu = limits["cpu_seconds"]  # SIGXCPU at the soft limit (status cpu_limit), SIGKILL 1 s later
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-    pairs = {
-        resource.RLIMIT_AS: limits["memory_mb"] * 1024 * 1024,
-        resource.RLIMIT_FSIZE: limits["file_size_mb"] * 1024 * 1024,
-        resource.RLIMIT_NOFILE: limits["open_files"],
-        resource.RLIMIT_CORE: 0,
-    }
-    if limits.get("nproc") is not None:
-        pairs[resource.RLIMIT_NPROC] = limits["nproc"]
-    for which, value in pairs.items():
-        resource.setrlimit(which, (value, value))
+def _check_policy(isolation: dict[str, str], spec: dict) -> None:
+    """Refuse to run the code without the layers the limits ask for: fail closed.
 
-
-def _drop_privileges(ctypes, libc, uid: int) -> None:
-    """Become the sandbox's own uid (gid of the same number, no groups), keeping one capability.
-
-    CAP_DAC_READ_SEARCH is kept so the interpreter can still read its standard library wherever it
-    lives (e.g. under /root/.pyenv); every write still needs the new uid's own permissions.
+    Without the filesystem, processes or syscalls layer the code can read other processes'
+    memory and environment through the host's /proc, write the user's files, start programs and
+    kill its supervisor, so those are required unless `allow_weak_isolation`; with
+    `require_isolation` every layer is.
     """
-    if libc.prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_KEEPCAPS) failed")
-    os.setgroups([])
-    os.setgid(uid)
-    os.setuid(uid)
-    if os.getuid() != uid or os.geteuid() != uid:
-        raise RuntimeError("could not drop privileges")
-    header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
-    keep = 1 << CAP_DAC_READ_SEARCH
-    data = (ctypes.c_uint32 * 6)(keep, keep, 0, 0, 0, 0)  # {effective, permitted, inheritable} x2
-    if libc.capset(header, data) != 0:
-        raise OSError(ctypes.get_errno(), "capset failed")
-    _no_new_privs(ctypes, libc)
+    missing = {k: v for k, v in isolation.items() if v.startswith("none")}
+    if spec["require_isolation"] and missing:
+        raise RuntimeError(
+            f"the code was not run: SandboxLimits.require_isolation is set and this machine "
+            f"lacks {_describe(missing)}; run as root or where unprivileged user namespaces "
+            "are allowed, or leave require_isolation off (see vfkit/sandbox/README.md)")
+    essential = {k: v for k, v in missing.items() if k in _ESSENTIAL_LAYERS}
+    if essential and not spec["allow_weak_isolation"]:
+        raise RuntimeError(
+            f"the code was not run: this machine lacks {_describe(essential)}, without which "
+            "the code could reach the host's files and processes; run as root or where "
+            "unprivileged user namespaces and seccomp are allowed, or accept weaker isolation "
+            "explicitly with SandboxLimits(allow_weak_isolation=True) (python-sandbox: "
+            "allow_weak_isolation=true; see vfkit/sandbox/README.md)")
 
 
-def _drop_all_capabilities(ctypes, libc) -> None:
-    """Not root: give up the capabilities a user namespace granted (they could undo the view)."""
-    header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
-    if libc.capset(header, (ctypes.c_uint32 * 6)()) != 0:
-        raise OSError(ctypes.get_errno(), "capset failed")
-    _no_new_privs(ctypes, libc)
-
-
-def _no_new_privs(ctypes, libc) -> None:
-    """Programs the code may start cannot gain privileges (setuid bits); seccomp needs it too."""
-    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
-
-
-def _install_seccomp(ctypes, libc, spec: dict) -> str:
-    """The syscall filter, or "none (why)" where this machine cannot have it."""
-    try:
-        _seccomp.install(ctypes, libc, allow_exec=spec["allow_subprocess"],
-                         unix_sockets_only=spec["isolate_network"])
-    except OSError as exc:
-        return f"none ({exc.strerror or exc})"
-    return "seccomp filter"
-
-
-def _missing_layers(isolation: dict[str, str]) -> str:
-    return "; ".join(f"{k}: {v}" for k, v in isolation.items() if v.startswith("none"))
+def _describe(layers: dict[str, str]) -> str:
+    return "; ".join(f"{k}: {v}" for k, v in layers.items())
 
 
 def _run_user_code(code: str) -> int:
@@ -204,21 +190,18 @@ def _run_user_code(code: str) -> int:
 
 def _child_main(spec: dict, status_fd: int, isolation: dict, ctypes, libc) -> None:
     """In the forked code process: lock down, report set-up, run the program, exit."""
+    parent = os.getppid()
     try:
         os.setpgid(0, 0)  # own group: the supervisor (and only it) can kill all of it at once
-        _set_limits(spec["limits"])
+        _lockdown.set_limits(spec["limits"])
         if spec["uid"] is not None:
-            _drop_privileges(ctypes, libc, spec["uid"])
+            _lockdown.drop_privileges(ctypes, libc, spec["uid"])
             isolation["identity"] = f"uid {spec['uid']} of its own"
         else:
-            _drop_all_capabilities(ctypes, libc)
-            isolation["identity"] = "none (not root: runs as your own user)"
-        isolation["syscalls"] = _install_seccomp(ctypes, libc, spec)
-        if spec["require_isolation"] and (missing := _missing_layers(isolation)):
-            raise RuntimeError(
-                f"the code was not run: SandboxLimits.require_isolation is set and this machine "
-                f"lacks {missing}; run where namespaces are allowed, or set "
-                "require_isolation=False to accept less (see vfkit/sandbox/README.md)")
+            _lockdown.drop_all_capabilities(ctypes, libc)
+        _reaper.die_with_parent(ctypes, libc, parent=parent)  # again: a new uid cleared it
+        isolation["syscalls"] = _lockdown.install_seccomp(ctypes, libc, spec)
+        _check_policy(isolation, spec)
         del ctypes, libc
         _forget_ctypes()
         os.chdir(spec["dir"])
@@ -227,7 +210,7 @@ def _child_main(spec: dict, status_fd: int, isolation: dict, ctypes, libc) -> No
         sys.path.insert(0, spec["dir"])
         sys.addaudithook(make_audit_hook(spec["dir"], spec["allow_subprocess"]))
     except Exception as exc:  # a sandbox that could not be set up must not run the code
-        _report(status_fd, {"error": f"{type(exc).__name__}: {exc}"})
+        _report(status_fd, {"error": f"{type(exc).__name__}: {exc}", "isolation": isolation})
         os._exit(EXIT_SETUP_FAILED)
     _report(status_fd, {"isolation": isolation})
     os.close(status_fd)
@@ -241,61 +224,21 @@ def _report(fd: int, message: dict) -> None:
     os.write(fd, (json.dumps(message) + "\n").encode())
 
 
-def _kill_code(pgid: int, uid: int | None) -> None:
-    """SIGKILL the code's process group, every process of the sandbox uid (as root), and every
-    process that was orphaned to us (covers code that left its group when not root)."""
-    with contextlib.suppress(OSError):
-        os.killpg(pgid, signal.SIGKILL)
-    if uid is not None:
-        helper = os.fork()
-        if helper == 0:  # becomes the uid so that kill(-1) reaches exactly that uid's processes
-            try:
-                os.setuid(uid)
-                for _ in range(3):  # a fork racing one pass is caught by the next
-                    with contextlib.suppress(OSError):
-                        os.kill(-1, signal.SIGKILL)
-            finally:
-                os._exit(0)
-        os.waitpid(helper, 0)
-    me = str(os.getpid())
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError, IndexError), open(f"/proc/{entry}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[1] == me:  # field 4: parent pid
-                    os.kill(int(entry), signal.SIGKILL)
-
-
-def _supervise(child: int, uid: int | None) -> dict:
-    """Reap until no process is left; kill the rest once the code's main process has ended."""
-    signal.signal(signal.SIGTERM, lambda *_: _kill_code(child, uid))
-    result: dict = {}
-    while True:
-        try:
-            pid, wait_status = os.waitpid(-1, 0)
-        except ChildProcessError:
-            return result
-        if pid == child:
-            result = _exit_status(wait_status)
-        if result:  # leftovers: kill them, and whatever was orphaned to us since the last pass
-            _kill_code(child, uid)
-
-
-def _exit_status(wait_status: int) -> dict:
-    if os.WIFSIGNALED(wait_status):
-        return {"signal": os.WTERMSIG(wait_status)}
-    return {"exit": os.waitstatus_to_exitcode(wait_status)}
-
-
 def _init_main(spec: dict, status_fd: int, isolation: dict, ctypes, libc) -> None:
     """pid 1 of the run's pid namespace: its own /proc, then the code process; report how the
-    code ended and exit, upon which the kernel kills every process left in the namespace."""
+    code ended and exit, upon which the kernel kills every process left in the namespace (which
+    is also what happens when the supervisor dies: init dies with it)."""
+    # without its own /proc the code still reads the host's processes (command lines, and not
+    # root your environment): the layer is missing, and is reported (and refused) as such
     if isolation["filesystem"].startswith("none"):  # never mount over the host's /proc
-        isolation["processes"] += " (the host's /proc stays visible: no mount namespace)"
+        isolation["processes"] = ("none (a pid namespace, but the host's /proc stays visible: "
+                                  "no mount namespace)")
     else:
         try:
             _fsview.mount_proc(ctypes, libc)
         except OSError as exc:
-            isolation["processes"] += f" (the host's /proc stays visible: {exc})"
+            isolation["processes"] = (f"none (a pid namespace, but the host's /proc stays "
+                                      f"visible: {exc})")
     code = os.fork()
     if code == 0:
         _child_main(spec, status_fd, isolation, ctypes, libc)
@@ -305,19 +248,8 @@ def _init_main(spec: dict, status_fd: int, isolation: dict, ctypes, libc) -> Non
     while True:  # reap orphans as they come (a zombie still counts against RLIMIT_NPROC)
         pid, wait_status = os.waitpid(-1, 0)
         if pid == code:
-            _report(status_fd, _exit_status(wait_status))
+            _report(status_fd, _reaper.exit_status(wait_status))
             os._exit(0)
-
-
-def _relay(init: int) -> None:
-    """Outside the pid namespace: wait for its init; on SIGTERM (wall clock) SIGKILL it, which
-    kills every process in the namespace."""
-    def kill_init(*_: object) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(init, signal.SIGKILL)
-
-    signal.signal(signal.SIGTERM, kill_init)
-    os.waitpid(init, 0)
 
 
 def main() -> None:
@@ -328,21 +260,27 @@ def main() -> None:
     try:
         ctypes, libc = _load_libc()
         isolation = _isolate(ctypes, libc, spec)
+        # after _isolate: a change of credentials (entering a user namespace) clears the setting
+        _reaper.die_with_parent(ctypes, libc, parent=spec["parent_pid"])
         if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
     except Exception as exc:
         _report(status_fd, {"error": f"{type(exc).__name__}: {exc}"})
         os._exit(EXIT_SETUP_FAILED)
     pid_namespace = not isolation["processes"].startswith("none")
+    alive_r, alive_w = os.pipe()  # the child's check that we did not die before its prctl
     child = os.fork()  # with a pid namespace, this child is its pid 1
     if child == 0:
+        os.close(alive_w)
+        _reaper.die_with_parent(ctypes, libc, alive_fd=alive_r)
         run = _init_main if pid_namespace else _child_main
         run(spec, status_fd, isolation, ctypes, libc)
     os.close(0)  # the program's stdin belongs to the code process
+    os.close(alive_r)
     if pid_namespace:
-        _relay(child)
+        _report(status_fd, _reaper.relay(child, spec["timeout_s"]))
     else:
-        _report(status_fd, _supervise(child, spec["uid"]))
+        _report(status_fd, _reaper.supervise(child, spec["uid"], spec["timeout_s"]))
     os._exit(0)
 
 

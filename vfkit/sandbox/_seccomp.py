@@ -7,9 +7,9 @@ Standard library only (ctypes): no libseccomp binding is needed.
 
 Refused (EPERM unless said otherwise):
 - running programs (execve, execveat), unless `allow_subprocess`;
-- `open_by_handle_at`/`name_to_handle_at`: with CAP_DAC_READ_SEARCH (kept so the interpreter can
-  read its standard library under /root) a handle opened through the writable sandbox directory
-  would reach any file of the same filesystem, outside the read-only view;
+- `open_by_handle_at`/`name_to_handle_at`: with CAP_DAC_READ_SEARCH (which the code no longer
+  keeps; refused all the same) a handle would reach any file of the same filesystem, outside the
+  sandbox's view;
 - changing the file system view or entering namespaces (mount and friends, unshare, setns, clone
   with a namespace flag; clone3 answers ENOSYS so that libc falls back to clone, whose flags a
   filter can see);
@@ -17,6 +17,10 @@ Refused (EPERM unless said otherwise):
   bpf, perf_event_open, userfaultfd, the key ring, ptrace;
 - sockets other than AF_UNIX (EACCES) when the network is to be cut: this holds even on
   machines that give no network namespace;
+- memory that RLIMIT_AS does not count: memfd_create/memfd_secret (written with write(), never
+  mapped: the reviewer held 960 MB under a 64 MB limit), and System V shared memory, message
+  queues and semaphores (a segment outlives its detach; the IPC namespace's limits are not
+  writable from a user namespace). POSIX shared memory lives in the run's small /dev/shm;
 - system calls of another ABI (i386 `int 0x80`, x32), which would dodge the numbers above.
 """
 
@@ -52,7 +56,8 @@ _ARCHES: dict[str, tuple[int, dict[str, int]]] = {
         "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442,
         "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "bpf": 321,
         "perf_event_open": 298, "userfaultfd": 323, "add_key": 248, "request_key": 249,
-        "keyctl": 250, "ptrace": 101, "socket": 41,
+        "keyctl": 250, "ptrace": 101, "socket": 41, "memfd_create": 319, "memfd_secret": 447,
+        "shmget": 29, "msgget": 68, "semget": 64,
     }),
     "aarch64": (0xC00000B7, {
         "execve": 221, "execveat": 281, "open_by_handle_at": 265, "name_to_handle_at": 264,
@@ -61,7 +66,8 @@ _ARCHES: dict[str, tuple[int, dict[str, int]]] = {
         "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442,
         "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "bpf": 280,
         "perf_event_open": 241, "userfaultfd": 282, "add_key": 217, "request_key": 218,
-        "keyctl": 219, "ptrace": 117, "socket": 198,
+        "keyctl": 219, "ptrace": 117, "socket": 198, "memfd_create": 279, "memfd_secret": 447,
+        "shmget": 194, "msgget": 186, "semget": 190,
     }),
 }
 _ALWAYS_DENIED = (
@@ -69,6 +75,7 @@ _ALWAYS_DENIED = (
     "unshare", "setns", "open_tree", "move_mount", "fsopen", "fsconfig", "fsmount", "fspick",
     "mount_setattr", "io_uring_setup", "io_uring_enter", "io_uring_register", "bpf",
     "perf_event_open", "userfaultfd", "add_key", "request_key", "keyctl", "ptrace",
+    "memfd_create", "memfd_secret", "shmget", "msgget", "semget",
 )
 
 

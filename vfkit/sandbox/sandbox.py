@@ -12,8 +12,12 @@ What is enforced, and by what (the full table, with its conditions, is vfkit/san
   with a readable message (`PermissionError: sandbox: ... is not allowed`) for ordinary code;
 - by the parent: stdout and stderr are read concurrently and truncated to a byte budget.
 Each run reports which kernel layers held (`SandboxResult.isolation`); a layer this machine
-cannot give is logged once as a warning, and `require_isolation=True` refuses to run without it.
-Reads are not restricted: the code can read any file the sandbox uid may read.
+cannot give is logged once as a warning. Where the filesystem, processes or syscalls layer is
+missing the run is refused (fails closed) unless `allow_weak_isolation=True`;
+`require_isolation=True` refuses to run without any layer.
+Reads: the code keeps no capability, and the home directories and the sandbox base directory
+are covered in its view (its own directory and the interpreter bound back); what any user may
+read elsewhere it can read.
 """
 
 from __future__ import annotations
@@ -22,133 +26,22 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import os
-import shutil
 import signal
 import sys
 import tempfile
 import time
 import weakref
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from vfkit.sandbox import _uids
+from vfkit.sandbox import _output, _uids
+from vfkit.sandbox._rmtree import remove_tree
+from vfkit.sandbox._types import SandboxLimits, SandboxResult, _check_seconds
 
 _CHILD = Path(__file__).with_name("_child.py")
-_MAX_COUNT = 2**31 - 1  # limits in whole units; far above any sensible value, fits every rlimit
-_COUNTS = ("cpu_seconds", "memory_mb", "max_processes", "file_size_mb", "open_files",
-           "max_output_bytes")
-_SWITCHES = ("isolate_network", "allow_subprocess", "require_isolation")
+_BACKSTOP_S = 2.0  # past the deadline the supervisor keeps, the parent stops the run itself
 logger = logging.getLogger(__name__)
-_warned: set[str] = set()  # degraded layers already logged by this process
-
-
-@dataclass(frozen=True)
-class SandboxLimits:
-    """Limits for each run of code in a sandbox."""
-
-    timeout_s: float = 10.0  # wall clock for the whole run
-    cpu_seconds: int = 10  # RLIMIT_CPU, per process (SIGXCPU, then SIGKILL a second later)
-    memory_mb: int = 1024  # RLIMIT_AS, per process
-    max_processes: int = 16  # RLIMIT_NPROC: processes + threads of the sandbox (root: exact)
-    file_size_mb: int = 16  # RLIMIT_FSIZE: largest file the code may write
-    open_files: int = 64  # RLIMIT_NOFILE
-    max_output_bytes: int = 16_384  # kept per stream (stdout, stderr); the rest is counted
-    isolate_network: bool = True  # new network namespace + AF_UNIX-only sockets (seccomp)
-    allow_subprocess: bool = False  # let the code start other programs (execve)
-    require_isolation: bool = False  # refuse to run where a kernel layer is missing
-
-    def __post_init__(self) -> None:
-        """Reject what the kernel cannot apply (NaN, inf, zero, negative, wrong type) by name."""
-        object.__setattr__(self, "timeout_s", _check_seconds("SandboxLimits.timeout_s",
-                                                            self.timeout_s))
-        for name in _COUNTS:
-            object.__setattr__(self, name, _check_count(name, getattr(self, name)))
-        for name in _SWITCHES:
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"SandboxLimits.{name} must be true or false, "
-                                 f"got {getattr(self, name)!r}")
-
-
-def _check_seconds(name: str, value: object) -> float:
-    """`value` as a finite number of seconds > 0, else a ValueError naming `name`."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not (
-            math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
-    return float(value)
-
-
-def _check_count(name: str, value: object) -> int:
-    """A whole-number limit from 1 to _MAX_COUNT (an integral float such as 512.0 is accepted)."""
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= _MAX_COUNT:
-        raise ValueError(f"SandboxLimits.{name} must be a whole number from 1 to {_MAX_COUNT}, "
-                         f"got {value!r}")
-    return value
-
-
-@dataclass
-class SandboxResult:
-    """What one run produced and how it ended."""
-
-    stdout: str
-    stderr: str
-    exit_code: int | None  # negative: killed by that signal
-    status: str  # ok | error | timeout | cpu_limit | killed | setup_failed
-    duration_s: float
-    truncated: bool = False  # some output was dropped
-    # which kernel layer held, per threat (network, ipc, processes, filesystem, identity,
-    # syscalls) -> how, or "none (why)" where this machine could not give it (README's table)
-    isolation: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
-
-    @property
-    def network(self) -> str:
-        """How the network was cut: netns | userns+netns | off | none (why) | unknown."""
-        return self.isolation.get("network", "unknown")
-
-    def format(self, max_chars: int | None = None) -> str:
-        """Text for a tool reply: output, errors, and a note when the run did not end cleanly."""
-        parts = [self.stdout.rstrip("\n")] if self.stdout.strip() else []
-        if self.stderr.strip():
-            parts.append(self.stderr.rstrip("\n"))
-        note = {
-            "timeout": "[killed: wall-clock timeout]",
-            "cpu_limit": "[killed: CPU time limit]",
-            "killed": f"[killed by signal {-(self.exit_code or 0)}]",
-            "setup_failed": "[sandbox could not start]",
-        }.get(self.status)
-        if self.status == "error" and self.exit_code not in (None, 1):
-            note = f"[exit code {self.exit_code}]"
-        if note:
-            parts.append(note)
-        text = "\n".join(parts) or "(no output)"
-        if max_chars is not None and len(text) > max_chars:
-            text = text[:max_chars] + f"\n... [truncated {len(text) - max_chars} chars]"
-        return text
-
-
-async def _read_capped(stream: asyncio.StreamReader, cap: int) -> tuple[bytes, int]:
-    """Read a stream to its end, keeping the first `cap` bytes; return (kept, total)."""
-    kept = bytearray()
-    total = 0
-    while chunk := await stream.read(65_536):
-        total += len(chunk)
-        if len(kept) < cap:
-            kept += chunk[: cap - len(kept)]
-    return bytes(kept), total
-
-
-def _decode(data: bytes, total: int) -> str:
-    text = data.decode("utf-8", errors="replace")
-    if total > len(data):
-        text += f"\n... [output truncated: {total - len(data)} more bytes]"
-    return text
+_warned: set[str] = set()  # warnings already logged by this process
 
 
 class Sandbox:
@@ -189,11 +82,14 @@ class Sandbox:
                 raise ValueError(f"Sandbox.run: {name} must be a str, got {type(value).__name__}")
         timeout = self.limits.timeout_s if timeout_s is None else _check_seconds(
             "Sandbox.run timeout_s", timeout_s)
+        stdin_bytes = _utf8("stdin", stdin)  # before a process exists: nothing to clean up
         status_r, status_w = os.pipe()
         spec = {"code": code, "dir": str(self.path), "uid": self.uid, "status_fd": status_w,
+                "parent_pid": os.getpid(), "timeout_s": timeout,
                 "isolate_network": self.limits.isolate_network,
                 "allow_subprocess": self.limits.allow_subprocess, "limits": self._rlimits(),
-                "require_isolation": self.limits.require_isolation}
+                "require_isolation": self.limits.require_isolation,
+                "allow_weak_isolation": self.limits.allow_weak_isolation}
         started = time.monotonic()
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -205,45 +101,51 @@ class Sandbox:
         finally:
             os.close(status_w)
         try:
-            result = await self._collect(proc, json.dumps(spec) + "\n" + stdin, timeout)
-        except BaseException:  # cancelled (e.g. the rollout was): leave nothing running
-            self._kill_all(proc.pid)
+            result = await self._collect(proc, (json.dumps(spec) + "\n").encode() + stdin_bytes,
+                                         timeout)
+        except BaseException:  # cancelled (e.g. the rollout was): leave nothing of it running
+            self._kill_all(proc.pid, whole_uid=not _own_pid_namespace(_read_status(status_r)))
             raise
-        finally:
-            report = _read_status(status_r)
+        report = _read_status(status_r)
         result.duration_s = time.monotonic() - started
         result.isolation = report.get("isolation", {})
         _warn_degraded(result.isolation)
         if "exit" in report or "signal" in report:
             result.exit_code = report.get("exit", -report.get("signal", 0))
-        result.status = _status(result.exit_code, result.status == "timeout")
+        if result.status != "output_limit":
+            timed_out = result.status == "timeout" or report.get("timeout", False)
+            result.status = _status(result.exit_code, timed_out)
         if "error" in report:
             result.status, result.stderr = "setup_failed", report["error"]
+            _warn_once(f"sandbox: {report['error']}")
         return result
 
-    async def _collect(self, proc: asyncio.subprocess.Process, stdin: str, timeout: float
+    async def _collect(self, proc: asyncio.subprocess.Process, stdin: bytes, timeout: float
                        ) -> SandboxResult:
-        """Feed stdin, read both streams with a cap, and enforce the wall clock."""
-        cap = self.limits.max_output_bytes
-        out_task = asyncio.ensure_future(_read_capped(proc.stdout, cap))  # type: ignore[arg-type]  # PIPE set
-        err_task = asyncio.ensure_future(_read_capped(proc.stderr, cap))  # type: ignore[arg-type]  # PIPE set
-        feeder = asyncio.ensure_future(_feed(proc, stdin.encode()))
-        timed_out = not await _exited(proc, timeout)
-        if timed_out:  # the supervisor kills the code on SIGTERM; if it is stuck, we kill all
+        """Feed stdin, read both streams with a cap, and stop the run when it floods them or
+        outlives the supervisor's own deadline (a backstop: the supervisor keeps it)."""
+        cap, flooded, over = self.limits.max_output_bytes, asyncio.Event(), asyncio.Event()
+        readers = [asyncio.ensure_future(_output.read_capped(stream, cap, flooded, over))
+                   for stream in (proc.stdout, proc.stderr)]  # type: ignore[arg-type]  # PIPE set
+        feeder = asyncio.ensure_future(_feed(proc, stdin))
+        ended = await _exited(proc, timeout + _BACKSTOP_S, stop=flooded)
+        if not ended:  # the supervisor kills the code on SIGTERM; if it is stuck, we kill all
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
             if not await _exited(proc, 3.0):
                 self._kill_all(proc.pid)
                 await _exited(proc, 3.0)
-        done, pending = await asyncio.wait({out_task, err_task, feeder}, timeout=2.0)
+        over.set()
+        done, pending = await asyncio.wait({*readers, feeder}, timeout=2.0)
         for task in pending:  # a pipe still held open by an escaped process: stop waiting
             task.cancel()
-        out, out_total = out_task.result() if out_task in done else (b"", 0)
-        err, err_total = err_task.result() if err_task in done else (b"", 0)
+        (out, out_total, out_cut), (err, err_total, err_cut) = (
+            task.result() if task in done else (b"", 0, False) for task in readers)
+        status = "" if ended else "output_limit" if flooded.is_set() else "timeout"
         return SandboxResult(
-            stdout=_decode(out, out_total), stderr=_decode(err, err_total), exit_code=None,
-            status="timeout" if timed_out else "", duration_s=0.0,
-            truncated=out_total > len(out) or err_total > len(err),
+            stdout=_output.decode(out, out_total, out_cut),
+            stderr=_output.decode(err, err_total, err_cut), exit_code=None, status=status,
+            duration_s=0.0, truncated=out_total > len(out) or err_total > len(err),
         )
 
     def _rlimits(self) -> dict:
@@ -261,11 +163,14 @@ class Sandbox:
                 "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "OMP_NUM_THREADS": "1",
                 "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
-    def _kill_all(self, pid: int) -> None:
-        """Kill the run's process group and, as root, every process of the sandbox uid."""
+    def _kill_all(self, pid: int, whole_uid: bool = True) -> None:
+        """Kill the run's supervisor and init (its process group): the pid namespace dies with
+        init, and the code process with its parent before it reported. `whole_uid` (as root):
+        also every process of the sandbox uid, which ends this sandbox's other runs too, so
+        only where the run has no pid namespace of its own (or its supervisor is stuck)."""
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
-        if self._lease is not None:
+        if whole_uid and self._lease is not None:
             _uids.kill_uid(self._lease.uid)
 
     def close(self) -> None:
@@ -285,11 +190,25 @@ class Sandbox:
         self.close()
 
 
-async def _exited(proc: asyncio.subprocess.Process, timeout: float) -> bool:
-    """Wait for the main process to exit (not for its pipes, which children may hold open)."""
+def _utf8(name: str, text: str) -> bytes:
+    """`text` as UTF-8, or a ValueError that names the argument and where it cannot be encoded
+    (a lone surrogate, e.g. from bytes decoded with errors="surrogateescape")."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"Sandbox.run: {name} cannot be sent to the program: {text[exc.start]!r} at "
+            f"position {exc.start} is a lone surrogate, not encodable as UTF-8; pass text "
+            f"(decode bytes with errors='replace')") from None
+
+
+async def _exited(proc: asyncio.subprocess.Process, timeout: float,
+                  stop: asyncio.Event | None = None) -> bool:
+    """Wait for the main process to exit (not for its pipes, which children may hold open);
+    False when `timeout` passed or `stop` was set first."""
     deadline = time.monotonic() + timeout
     while proc.returncode is None:
-        if time.monotonic() >= deadline:
+        if time.monotonic() >= deadline or (stop is not None and stop.is_set()):
             return False
         await asyncio.sleep(0.01)
     return True
@@ -327,14 +246,25 @@ def _read_status(fd: int) -> dict:
     return report
 
 
+def _own_pid_namespace(report: dict) -> bool:
+    """Whether the run is (or was to be) in a pid namespace of its own: yes unless its report
+    says otherwise; before any report, no code has run, and what exists dies with its parent."""
+    return not report.get("isolation", {}).get("processes", "").startswith("none")
+
+
 def _warn_degraded(isolation: dict[str, str]) -> None:
     """Log, once per process and reason, each kernel layer this machine could not give."""
     for layer, how in isolation.items():
-        key = f"{layer}: {how}"
-        if how.startswith("none") and key not in _warned:
-            _warned.add(key)
-            logger.warning("sandbox: no kernel-enforced %s isolation on this machine, %s; "
-                           "see vfkit/sandbox/README.md", layer, how)
+        if how.startswith("none"):
+            _warn_once(f"sandbox: no kernel-enforced {layer} isolation on this machine, {how}; "
+                       "see vfkit/sandbox/README.md")
+
+
+def _warn_once(message: str) -> None:
+    """Log `message` as a warning the first time this process sees it (not once per run)."""
+    if message not in _warned:
+        _warned.add(message)
+        logger.warning("%s", message)
 
 
 def _status(returncode: int | None, timed_out: bool) -> str:
@@ -348,10 +278,19 @@ def _status(returncode: int | None, timed_out: bool) -> str:
 
 
 def _cleanup(path: Path, lease: _uids.UidLease | None) -> None:
-    if lease is not None:
-        _uids.kill_uid(lease.uid)
-        lease.release()
-    shutil.rmtree(path, ignore_errors=True)
+    """Kill what is left of the sandbox, delete its directory, give its uid back; never raise
+    (a sandbox that could not be deleted must not end the rollout, let alone the batch)."""
+    try:
+        if lease is not None:
+            _uids.kill_uid(lease.uid)
+        remove_tree(str(path))
+    except Exception as exc:  # logged with what to do; the uid is released all the same
+        if os.path.lexists(path):
+            logger.warning("sandbox: could not delete %s (%s: %s); delete it by hand "
+                           "(rm -rf %s)", path, type(exc).__name__, exc, path)
+    finally:
+        if lease is not None:
+            lease.release()
 
 
 async def run_python(code: str, limits: SandboxLimits | None = None, *, stdin: str = ""

@@ -44,6 +44,15 @@ def test_tasks_have_correct_answers() -> None:
     assert python_sandbox._trailing_zeros(100) == 24
 
 
+def test_the_sandbox_fails_closed_unless_weak_isolation_is_asked_for() -> None:
+    """Without namespaces or seccomp the tool refuses to run the model's code by default."""
+    strict = vf.load_environment("python-sandbox", num_train_examples=6, num_eval_examples=6)
+    assert strict.limits.allow_weak_isolation is False
+    weak = vf.load_environment("python-sandbox", num_train_examples=6, num_eval_examples=6,
+                               allow_weak_isolation=True)
+    assert weak.limits.allow_weak_isolation is True
+
+
 async def test_right_answer_computed_in_the_sandbox() -> None:
     state, outputs = await _rollout([run("print(6 * 7)"), "<answer>42</answer>"])
     assert state["error"] is None and outputs == ["42"]
@@ -98,3 +107,21 @@ async def test_misbehaving_code_fails_inside_the_sandbox_and_the_rollout_goes_on
     assert "PermissionError" in outputs[4] and not outside.exists()
     assert state["metrics"]["failed_runs"] == 5.0
     assert state["reward"] == 1.0  # the model still answered, and was scored
+
+
+async def test_a_deep_directory_tree_is_deleted_and_the_rollout_is_scored() -> None:
+    """1100 nested directories: Python 3.11's recursive rmtree raised in cleanup and the
+    rollout was lost; it is deleted without recursion now."""
+    deep = "import os\nfor _ in range(1100):\n    os.mkdir('d')\n    os.chdir('d')\nprint(42)\n"
+    state, outputs = await _rollout([run(deep), "<answer>42</answer>"])
+    assert outputs == ["42"] and state["error"] is None
+    assert state["reward"] == 1.0
+    assert not os.path.exists(state["sandbox_dir"])
+
+
+async def test_control_characters_in_the_output_are_shown_escaped() -> None:
+    """ANSI escapes, carriage returns, NUL and bidi overrides reached the tool reply raw."""
+    code = ("import sys\nsys.stdout.buffer.write("
+            "b'\\x1b[31mRED\\x1b[0m\\rok\\x00\\tend\\n\\xe2\\x80\\xaeevil')")
+    _, outputs = await _rollout([run(code), "<answer>42</answer>"])
+    assert outputs == ["\\x1b[31mRED\\x1b[0m\\rok\\x00\tend\n\\u202eevil"]
