@@ -15,7 +15,7 @@ SDK_TESTS := tests/test_client.py tests/test_environment.py tests/test_multiturn
 	tests/test_parsers.py tests/test_xml_parser.py tests/test_think_parser.py \
 	tests/test_registry.py tests/test_trajectory_tokens.py tests/test_scripted_server.py \
 	tests/test_eval_cli.py tests/test_eval_config.py tests/test_eval_results.py \
-	tests/test_eval_target.py tests/test_compat_surface.py tests/test_compat_contract.py \
+	tests/test_eval_target.py tests/test_compat_surface.py tests/test_compat_classic_hooks.py tests/test_compat_contract.py \
 	tests/test_env_images.py tests/test_train_resilience.py
 
 .PHONY: install test test-openai2 run lint clean
