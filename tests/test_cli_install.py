@@ -55,8 +55,8 @@ def test_install_makes_the_environment_loadable(tmp_path: Path) -> None:
         assert out.returncode == 0, out.stderr
         assert out.stdout.split() == ["SingleTurnEnv", "8"]
     finally:
-        subprocess.run([sys.executable, "-m", "pip", "uninstall", "-y", "-q", name],
-                       capture_output=True, timeout=120)
+        subprocess.run([sys.executable, "-m", "pip", "uninstall", "-y", "-q", f"vfkit-{name}"],
+                       capture_output=True, timeout=120)  # vf-init's distribution name
     gone = subprocess.run([sys.executable, "-c", f"import {module}"], cwd="/",
                           capture_output=True, timeout=60)
     assert gone.returncode != 0  # uninstalled: nothing left behind in the venv
