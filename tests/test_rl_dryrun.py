@@ -25,6 +25,7 @@ def test_good_config_passes_and_prints_the_plan(tmp_path: Path, config: Path) ->
     assert "per step   4 rollouts = 2 prompts × 2; 2 micro-batch(es) of 2" in out.stdout
     assert "foreground: stdout is not a terminal" in out.stdout
     assert "tokens     ≤" in out.stdout
+    assert "precision  trainer fp32" in out.stdout  # the config's bf16 = false
     assert not (tmp_path / "outputs").exists()  # a dry run writes nothing
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 from test_train_keys import Ctx, _samples, _state, _train_on, check, params
 
+from vfkit import precision
 from vfkit.errors import ConfigError
 
 torch.set_num_threads(2)
@@ -71,9 +72,13 @@ def _grad_norm(ctx: Ctx) -> None:
 
 @check("trainer.args.bf16", "trainer.args.gradient_checkpointing")
 def _precision(ctx: Ctx) -> None:
-    for bf16 in (True, False):
-        learner = ctx.learner(f"trainer.args.bf16={str(bf16).lower()}",
-                              "trainer.args.gradient_checkpointing=true")
+    # "auto" follows the CPU's bf16 units (the hardware probe is the one thing set here)
+    for setting, native, bf16 in (("true", False, True), ("false", True, False),
+                                  ('"auto"', True, True), ('"auto"', False, False)):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(precision, "cpu_supports_bf16", lambda native=native: native)
+            learner = ctx.learner(f"trainer.args.bf16={setting}",
+                                  "trainer.args.gradient_checkpointing=true")
         assert learner.peft_model.base_model.model.is_gradient_checkpointing
         dtypes = []
         layer = learner.peft_model.base_model.model.model.layers[0].mlp.down_proj

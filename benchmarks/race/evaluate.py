@@ -1,8 +1,9 @@
 """The one evaluator of the race: every snapshot of both systems scored the same way.
 
-Plain transformers + PEFT, no server: the base model in one dtype (bf16 by default: ~4x fp32's
-matmul speed on this CPU, which makes scoring a CPU race's ~70 snapshots take minutes, not an
-hour; `--eval-dtype float32` for the slow way), each snapshot's adapter put on it
+Plain transformers + PEFT, no server: the base model in one dtype (`--eval-dtype auto`: bf16
+where the device has bf16 units, ~4x fp32's matmul speed on such a CPU, which makes scoring a
+CPU race's ~70 snapshots take minutes, not an hour; fp32 elsewhere, where emulated bf16 is
+~100x slower), each snapshot's adapter put on it
 with `PeftModel.from_pretrained` and taken off again (`unload`), greedy decoding of the
 environment's held-out prompts (its eval split) with the race's max_tokens, and the
 environment's own rubric on the answers (rewards.score_completions). The reported reward is the

@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.race.report import write_report
-from benchmarks.race.settings import Leg, run_config
+from benchmarks.race.settings import Leg, on_cuda, run_config
 from vfkit.errors import VfkitError
+from vfkit.precision import bf16_native
 
 SYSTEMS = ("vfkit", "trl")
 TINY = "tiny"  # --model tiny: a random-weight tiny model, for smoke runs
@@ -42,11 +43,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--set", dest="overrides", nargs="*", default=[], metavar="KEY=VALUE",
                    help="config overrides for both systems, e.g. trainer.args.max_tokens=32")
     p.add_argument("--eval-n", type=int, default=200, help="held-out prompts per snapshot")
-    p.add_argument("--eval-dtype", choices=("bfloat16", "float32"), default="bfloat16",
-                   help="the evaluator's weights (bf16: ~4x faster scoring on a CPU)")
+    p.add_argument("--eval-dtype", choices=("auto", "bfloat16", "float32"), default="auto",
+                   help="the evaluator's weights; auto: bf16 where the device has bf16 units "
+                   "(~4x faster than fp32 on such a CPU, ~100x slower on one without)")
     p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
     p.add_argument("--out", default="outputs/race", help="race folder")
     args = p.parse_args(argv)
+    if args.eval_dtype == "auto":
+        device = "cuda" if on_cuda() else "cpu"
+        args.eval_dtype = "bfloat16" if bf16_native(device) else "float32"
     if args.budget_s <= 0 or args.snapshot_every_s <= 0 or args.eval_n < 1:
         p.error("--budget-s and --snapshot-every-s must be > 0 and --eval-n >= 1")
     if args.snapshot_every_steps < 0:

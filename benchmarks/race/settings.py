@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vfkit.precision import resolve_bf16
 from vfkit.train.config import RunConfig, TrainerArgs
 from vfkit.train.config_loader import load_config
 
@@ -90,7 +91,8 @@ def run_config(leg: Leg) -> RunConfig:
     return load_config(leg.config, [*race, *leg.overrides])
 
 
-def _cuda() -> bool:
+def on_cuda() -> bool:
+    """Whether the legs run on a GPU (both systems pick CUDA by themselves when it is there)."""
     import torch
 
     return torch.cuda.is_available()
@@ -135,8 +137,8 @@ def trl_config_kwargs(
         "adam_beta1": a.adam_beta1,
         "adam_beta2": a.adam_beta2,
         "max_grad_norm": a.max_grad_norm,
-        "bf16": a.bf16,
-        "use_cpu": not _cuda(),  # TRL refuses bf16 on CPU unless told it is on CPU
+        "bf16": resolve_bf16(a.bf16, "cuda" if on_cuda() else "cpu"),  # vfkit's "auto"
+        "use_cpu": not on_cuda(),  # TRL refuses bf16 on CPU unless told it is on CPU
         # TRL turns it on by default; vfkit off (transformers 5 renamed the key)
         "activation_checkpointing": a.gradient_checkpointing,
         "model_init_kwargs": {"dtype": "float32"},  # fp32 master weights, as vfkit's learner

@@ -11,9 +11,16 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from vfkit.precision import SLOW_BF16, bf16_native, resolve_bf16
 from vfkit.train.config import RunConfig, gpu_count
 from vfkit.train.config_fields import REDACTED, SECRET_KEYS
-from vfkit.train.placement import choose_backend, describe_devices, device_ids
+from vfkit.train.placement import (
+    choose_backend,
+    describe_devices,
+    device_ids,
+    server_on_cpu,
+    trainer_on_cpu,
+)
 from vfkit.train.rundir import RunDir
 
 
@@ -120,6 +127,23 @@ def trainer_display(plan: Plan) -> str:
     return f"{launcher}vf-train {' '.join(args)}"
 
 
+def precision(cfg: RunConfig, backend: str) -> str:
+    """The trainer's autocast and a builtin CPU server's dtype, as "auto" resolves them here."""
+    a = cfg.trainer.args
+    device = "cpu" if trainer_on_cpu(cfg) else "cuda"
+    used = resolve_bf16(a.bf16, device)
+    line = f"trainer {'bf16 autocast' if used else 'fp32'}"
+    if a.bf16 == "auto":
+        has = "has" if used else "has no"
+        line += f' (bf16 "auto": this {"CPU" if device == "cpu" else "GPU"} {has} bf16 units)'
+    elif used and device == "cpu" and not bf16_native(device):
+        line += f" (trainer.args.bf16 = true, but {SLOW_BF16})"
+    dtype = str(cfg.inference.args.get("dtype", "auto"))
+    if backend == "builtin" and server_on_cpu(cfg) and dtype == "auto":
+        return f"{line}; server {'bf16' if bf16_native('cpu') else 'fp32'} (dtype auto)"
+    return f"{line}; server dtype {dtype}" if backend == "builtin" else line
+
+
 def format_plan(plan: Plan, cfg: RunConfig, mode: str) -> str:
     """The human-readable plan."""
     a = cfg.trainer.args
@@ -146,6 +170,7 @@ def format_plan(plan: Plan, cfg: RunConfig, mode: str) -> str:
         + (f"; flat groups resampled up to {a.dynamic_sampling_rounds} more round(s)"
            if a.dynamic_sampling_rounds else ""),
     ]
+    lines.append(f"precision  {precision(cfg, plan.backend)}")
     if plan.tokens_per_step is not None:
         lines.append(
             f"tokens     ≤ {plan.tokens_per_step:,} per step (≈{plan.prompt_tokens} prompt + "

@@ -9,20 +9,11 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 
+from vfkit.precision import SLOW_BF16, bf16_native
 from vfkit.serve.config import ServeConfig
 
 log = logging.getLogger("vfkit.serve")
-
-
-def cpu_supports_bf16() -> bool:
-    """True when the CPU has native bf16 matmuls (AVX512-BF16 or AMX), where bf16 is fast."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return any(f in flags for f in ("avx512_bf16", "amx_bf16"))
 
 
 def choose_dtype(name: str, device: str):
@@ -33,10 +24,12 @@ def choose_dtype(name: str, device: str):
         dtype = getattr(torch, name, None)
         if not isinstance(dtype, torch.dtype):
             raise ValueError(f"unknown --dtype {name!r}: use auto, bfloat16, float16 or float32")
+        if dtype == torch.bfloat16 and device == "cpu" and not bf16_native(device):
+            log.warning("--dtype %s: %s; --dtype auto serves fp32 here", name, SLOW_BF16)
         return dtype
     if device.startswith("cuda"):
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.bfloat16 if cpu_supports_bf16() else torch.float32
+    return torch.bfloat16 if bf16_native(device) else torch.float32
 
 
 def choose_device(name: str) -> str:

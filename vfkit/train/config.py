@@ -189,8 +189,10 @@ class TrainerArgs(Section):
     """AdamW beta2."""
     max_grad_norm: float = Field(1.0, ge=0)
     """Gradient-norm clip; 0 = no clipping (the norm is still logged)."""
-    bf16: bool = True
-    """bf16 autocast for forward/backward (master weights stay fp32)."""
+    bf16: bool | Literal["auto"] = "auto"
+    """bf16 autocast for forward/backward (master weights stay fp32). "auto": on where the
+    trainer's device has bf16 units (CUDA GPUs, CPUs with AVX512-BF16 or AMX), off elsewhere,
+    where emulated bf16 is ~100x slower than fp32 (vfkit/precision.py)."""
     gradient_checkpointing: bool = False
     """Recompute activations in backward to save memory."""
     # --- LoRA

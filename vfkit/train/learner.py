@@ -19,9 +19,10 @@ from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list, set_seed
 from transformers import get_scheduler
 
+from vfkit.precision import SLOW_BF16, bf16_native, resolve_bf16
 from vfkit.train import checkpoint
 from vfkit.train.adapter_sync import Probe
-from vfkit.train.config import RunConfig
+from vfkit.train.config import RunConfig, TrainerArgs
 from vfkit.train.cores import CoreShare
 from vfkit.train.placement import cpu_threads, trainer_on_cpu
 from vfkit.train.policy import load_policy, probe_logprobs, resolve_model_dir, save_adapter
@@ -29,6 +30,15 @@ from vfkit.train.rundir import RunDir, writing
 from vfkit.train.samples import Sample
 from vfkit.train.update import policy_update
 from vfkit.train.vision import ImageInputs, allowed_media_dirs, is_image_processor, text_tokenizer
+
+
+def trainer_bf16(args: TrainerArgs, device: str) -> bool:
+    """Whether the update runs under bf16 autocast on `device`; warns when asked for where
+    it is emulated (an explicit `bf16 = true` is obeyed: the user may know better)."""
+    if args.bf16 is True and device == "cpu" and not bf16_native(device):
+        print(f"vf-train: warning: trainer.args.bf16 = true, but {SLOW_BF16}; set bf16 = "
+              '"auto" (or false) to train in fp32', file=sys.stderr, flush=True)
+    return resolve_bf16(args.bf16, device)
 
 
 class Learner:
@@ -40,6 +50,7 @@ class Learner:
         # bf16 is applied as explicit autocast in the update (probes stay fp32), so "no" here
         self.accelerator = Accelerator(mixed_precision="no", cpu=trainer_on_cpu(cfg))
         set_seed(args.seed)
+        self.bf16 = trainer_bf16(args, self.accelerator.device.type)
         split = cpu_threads(cfg)
         self.cores: CoreShare | None = None  # None: threads fixed (GPU, remote server, OMP set)
         if split and "OMP_NUM_THREADS" not in os.environ:
@@ -75,7 +86,7 @@ class Learner:
 
     def autocast(self) -> contextlib.AbstractContextManager:
         device = self.accelerator.device.type
-        return torch.autocast(device, dtype=torch.bfloat16, enabled=self.args.bf16)
+        return torch.autocast(device, dtype=torch.bfloat16, enabled=self.bf16)
 
     def update(self, samples: list[Sample]) -> dict[str, float]:
         """One optimizer step on the step's samples (the main process shares them)."""
