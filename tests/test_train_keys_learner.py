@@ -42,6 +42,24 @@ def _optimizer(ctx: Ctx) -> None:
     assert (group["lr"], group["betas"], group["weight_decay"]) == (3e-3, (0.8, 0.95), 0.1)
 
 
+@check("trainer.args.loraplus_lr_ratio")
+def _loraplus(ctx: Ctx) -> None:
+    for ratio in (1, 16):
+        learner = ctx.learner("trainer.args.learning_rate=1e-3",
+                              f"trainer.args.loraplus_lr_ratio={ratio}")
+        before = learner.lora_weights()
+        learner.update(_samples(4))
+        moved = {n: float((p - before[n]).abs().max()) for n, p in learner.lora_weights().items()}
+        # Adam's first step moves each weight with a gradient by its group's lr; A's gradient
+        # is 0 while B = 0 (LoRA's init), so only B moves: by 1e-3 * ratio
+        assert max(v for n, v in moved.items() if "lora_B" in n) == pytest.approx(1e-3 * ratio)
+        assert max(v for n, v in moved.items() if "lora_A" in n) == 0
+        lrs = {id(p): g["lr"] for g in learner.optimizer.param_groups for p in g["params"]}
+        for name, p in learner.peft_model.named_parameters():
+            if p.requires_grad:
+                assert lrs[id(p)] == pytest.approx(1e-3 * (ratio if "lora_B" in name else 1))
+
+
 @check("trainer.args.lr_scheduler_type", "trainer.args.warmup_steps")
 def _schedule(ctx: Ctx) -> None:
     learner = ctx.learner('trainer.args.lr_scheduler_type="linear"', "trainer.args.warmup_steps=2",

@@ -43,13 +43,15 @@ def run_vfkit(leg: Leg) -> dict[str, Any]:
 
 
 def run_trl(leg: Leg) -> dict[str, Any]:
-    """TRL's GRPOTrainer on the same env, prompts, rubric and settings (settings.py)."""
+    """TRL's GRPOTrainer on the same env, prompts, rubric and settings (settings.py); the
+    trl-vfkit-optimizer leg builds its optimizer with vfkit's own `build_optimizer`."""
     from benchmarks.race.trl_leg import train_trl
 
     with Snapshotter(leg.root / "run" / "adapters", leg.snapshots, every_s=leg.snapshot_every_s,
                      budget_s=leg.budget_s, on_budget=lambda: None,
                      every_steps=leg.snapshot_every_steps) as clock:
-        error = _guarded(lambda: train_trl(leg, clock))
+        error = _guarded(lambda: train_trl(leg, clock,
+                                           vfkit_optimizer=leg.system == "trl-vfkit-optimizer"))
     return {**clock.record(), "error": error}
 
 

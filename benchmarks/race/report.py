@@ -15,8 +15,9 @@ from typing import Any
 
 from benchmarks.race.settings import Leg
 
-COLORS = {"vfkit": "tab:blue", "trl": "tab:orange"}
-LABELS = {"vfkit": "vfkit (vf-train)", "trl": "TRL GRPOTrainer"}
+COLORS = {"vfkit": "tab:blue", "trl": "tab:orange", "trl-vfkit-optimizer": "tab:green"}
+LABELS = {"vfkit": "vfkit (vf-train)", "trl": "TRL GRPOTrainer",
+          "trl-vfkit-optimizer": "TRL GRPOTrainer, vfkit's optimizer"}
 
 
 def write_report(
@@ -73,7 +74,7 @@ def grid(legs: list[dict], key: str, column: str, title: str, show_steps: bool) 
     values = sorted({s[column] for leg in legs for s in leg.get(key, []) if "reward" in s})
     rows = ["| system | " + " | ".join(title.format(v) for v in values) + " |",
             "|---" * (len(values) + 1) + "|"]
-    for system in ("vfkit", "trl"):
+    for system in COLORS:
         runs = [leg for leg in legs if leg["system"] == system]
         if runs:
             cells = [cell([s for leg in runs for s in leg.get(key, []) if s[column] == v],

@@ -23,7 +23,9 @@ from benchmarks.race.settings import Leg, on_cuda, run_config
 from vfkit.errors import VfkitError
 from vfkit.precision import bf16_native
 
-SYSTEMS = ("vfkit", "trl")
+# trl-vfkit-optimizer: TRL given vfkit's optimizer (LoRA+ when the config asks for it), the
+# control that tells an optimizer's gain from the loop's
+SYSTEMS = ("vfkit", "trl", "trl-vfkit-optimizer")
 TINY = "tiny"  # --model tiny: a random-weight tiny model, for smoke runs
 
 
@@ -46,7 +48,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--eval-dtype", choices=("auto", "bfloat16", "float32"), default="auto",
                    help="the evaluator's weights; auto: bf16 where the device has bf16 units "
                    "(~4x faster than fp32 on such a CPU, ~100x slower on one without)")
-    p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=["vfkit", "trl"])
     p.add_argument("--out", default="outputs/race", help="race folder")
     args = p.parse_args(argv)
     if args.eval_dtype == "auto":

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -224,3 +225,24 @@ def test_a_finished_leg_with_other_settings_is_not_reused(
             "--snapshot-every-s", "5", "--config", old.config, "--out", str(tmp_path / "race")]
     assert main(argv) == 2
     assert f"{old.root} holds a vfkit leg run with other settings" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("vfkit_optimizer", [False, True])
+def test_the_control_leg_trains_trl_with_vfkits_optimizer(
+    tmp_path: Path, vfkit_optimizer: bool
+) -> None:
+    from benchmarks.race.test_race_smoke import TINY_SETTINGS
+    from benchmarks.race.trl_leg import build_trainer
+    from vfkit.testing.tiny_model import make_tiny_model
+
+    tiny = make_tiny_model(tmp_path / "tiny")
+    spec = replace(leg(tmp_path, overrides=[*TINY_SETTINGS, "trainer.args.loraplus_lr_ratio=16"]),
+                   model=str(tiny))
+    trainer = build_trainer(spec, vfkit_optimizer=vfkit_optimizer)
+    optimizer = trainer.create_optimizer()
+    lrs = {id(p): g["lr"] for g in optimizer.param_groups for p in g["params"]}
+    b_lrs = {lrs[id(p)] for n, p in trainer.model.named_parameters() if "lora_B" in n}
+    a_lrs = {lrs[id(p)] for n, p in trainer.model.named_parameters() if "lora_A" in n}
+    assert a_lrs == {1e-4}  # exp.toml's learning rate either way
+    # TRL's own AdamW has one rate; vfkit's optimizer is LoRA+ as the config asks: B at 16x
+    assert b_lrs == ({1.6e-3} if vfkit_optimizer else {1e-4})

@@ -46,13 +46,29 @@ class SnapshotAdapters(TrainerCallback):
             f.write(json.dumps(record) + "\n")
 
 
-def train_trl(leg: Leg, clock: Snapshotter) -> None:
+def train_trl(leg: Leg, clock: Snapshotter, *, vfkit_optimizer: bool = False) -> None:
     """Build the trainer (model load counts against the budget, as vfkit's does) and train."""
+    run = RunDir(leg.root / "run")
+    trainer = build_trainer(leg, vfkit_optimizer=vfkit_optimizer,
+                            callbacks=[SnapshotAdapters(run, clock)])
+    started = time.monotonic()
+    trainer.train()
+    print(f"TRL trained {trainer.state.global_step} steps in {time.monotonic() - started:.0f} s")
+
+
+def build_trainer(leg: Leg, *, vfkit_optimizer: bool = False, callbacks: list | None = None
+                  ) -> Any:
+    """TRL's GRPOTrainer for the leg, writing into <leg>/run (vfkit's run layout).
+
+    `vfkit_optimizer`: TRL's optimizer is replaced by vfkit's (`learner.build_optimizer`,
+    LoRA+ when `loraplus_lr_ratio` > 1), by the override Trainer documents for that.
+    """
     from datasets import Dataset
     from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
     from vfkit.train.data import dataset_rows
+    from vfkit.train.learner import build_optimizer
     from vfkit.train.phases import load_envs, with_rollout_sampling
 
     cfg = run_config(leg)
@@ -68,12 +84,15 @@ def train_trl(leg: Leg, clock: Snapshotter) -> None:
     run = RunDir(leg.root / "run")
     run.adapters.mkdir(parents=True, exist_ok=True)
     (run.root / "sampling.json").write_text(json.dumps(sampling))
-    trainer = GRPOTrainer(
+
+    class VfkitOptimizerGRPO(GRPOTrainer):
+        def create_optimizer(self, model: Any = None) -> Any:
+            if self.optimizer is None:
+                self.optimizer = build_optimizer(self.model, a)
+            return self.optimizer
+
+    return (VfkitOptimizerGRPO if vfkit_optimizer else GRPOTrainer)(
         model=str(model_dir), reward_funcs=funcs, train_dataset=dataset,
         args=GRPOConfig(**trl_config_kwargs(a, sampling, weights, run.root / "trl")),
-        processing_class=tokenizer, peft_config=lora_config(a),
-        callbacks=[SnapshotAdapters(run, clock)],
+        processing_class=tokenizer, peft_config=lora_config(a), callbacks=callbacks,
     )
-    started = time.monotonic()
-    trainer.train()
-    print(f"TRL trained {trainer.state.global_step} steps in {time.monotonic() - started:.0f} s")

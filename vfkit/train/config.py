@@ -187,6 +187,10 @@ class TrainerArgs(Section):
     """AdamW beta1."""
     adam_beta2: float = Field(0.99, ge=0, lt=1)
     """AdamW beta2."""
+    loraplus_lr_ratio: float = Field(1.0, ge=1, le=1024)
+    """LoRA+ (Hayou et al. 2024, arXiv:2402.12354): the LoRA B matrices learn at this many
+    times learning_rate, the A matrices at learning_rate (PEFT's create_loraplus_optimizer);
+    1 = plain AdamW, one rate for every LoRA weight."""
     max_grad_norm: float = Field(1.0, ge=0)
     """Gradient-norm clip; 0 = no clipping (the norm is still logged)."""
     bf16: bool | Literal["auto"] = "auto"

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list, set_seed
+from peft.optimizers import create_loraplus_optimizer
 from transformers import get_scheduler
 
 from vfkit.precision import SLOW_BF16, bf16_native, resolve_bf16
@@ -41,6 +42,25 @@ def trainer_bf16(args: TrainerArgs, device: str) -> bool:
     return resolve_bf16(args.bf16, device)
 
 
+def build_optimizer(model: Any, args: TrainerArgs) -> torch.optim.Optimizer:
+    """AdamW over the policy's trainable (LoRA) weights.
+
+    With `loraplus_lr_ratio` > 1 it is LoRA+ (PEFT's helper): B learns at ratio x lr, A at lr.
+    LoRA starts with B = 0, so the first updates of A are scaled by B and barely move the
+    output; a faster B is what makes an early step count (Hayou et al. 2024).
+    """
+    adam = {"betas": (args.adam_beta1, args.adam_beta2)}
+    if args.loraplus_lr_ratio == 1:
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        return torch.optim.AdamW(
+            trainable, lr=args.learning_rate, weight_decay=args.weight_decay, **adam)
+    # LoRA on an embedding learns at lr (PEFT's own default for it is a fixed 1e-6)
+    return create_loraplus_optimizer(
+        model, torch.optim.AdamW, lr=args.learning_rate, loraplus_lr_ratio=args.loraplus_lr_ratio,
+        loraplus_weight_decay=args.weight_decay, loraplus_lr_embedding=args.learning_rate, **adam,
+    )
+
+
 class Learner:
     """Policy + optimizer + schedule; only this class touches model weights."""
 
@@ -62,11 +82,7 @@ class Learner:
         # a vision-language policy: turns the samples' image URLs into the model's inputs
         self.images = (ImageInputs(self.processor, allowed_media_dirs(cfg))
                        if is_image_processor(self.processor) else None)
-        trainable = [p for p in model.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(
-            trainable, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2),
-            weight_decay=args.weight_decay,
-        )
+        optimizer = build_optimizer(model, args)
         self.scheduler = get_scheduler(
             args.lr_scheduler_type, optimizer, num_warmup_steps=args.warmup_steps,
             num_training_steps=args.max_steps,

@@ -36,7 +36,7 @@ FIXED_ON_RESUME = (
     *(("trainer", "args", key) for key in (
         "lora_rank", "lora_alpha", "lora_target_modules", "lora_use_rslora",
         "lora_modules_to_save", "learning_rate", "lr_scheduler_type", "warmup_steps",
-        "weight_decay", "adam_beta1", "adam_beta2",
+        "weight_decay", "adam_beta1", "adam_beta2", "loraplus_lr_ratio",
     )),
 )
 
