@@ -190,7 +190,9 @@ class TrainerArgs(Section):
     loraplus_lr_ratio: float = Field(1.0, ge=1, le=1024)
     """LoRA+ (Hayou et al. 2024, arXiv:2402.12354): the LoRA B matrices learn at this many
     times learning_rate, the A matrices at learning_rate (PEFT's create_loraplus_optimizer);
-    1 = plain AdamW, one rate for every LoRA weight."""
+    1 = plain AdamW, one rate for every LoRA weight. At exp.toml's lr 1e-4, 16 moved the
+    policy too far a step and cut held-out reward (benchmarks/RESULTS.md, "LoRA+"): lower
+    learning_rate with it."""
     max_grad_norm: float = Field(1.0, ge=0)
     """Gradient-norm clip; 0 = no clipping (the norm is still logged)."""
     bf16: bool | Literal["auto"] = "auto"
