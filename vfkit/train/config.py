@@ -188,17 +188,13 @@ class TrainerArgs(Section):
     adam_beta2: float = Field(0.99, ge=0, lt=1)
     """AdamW beta2."""
     loraplus_lr_ratio: float = Field(1.0, ge=1, le=1024)
-    """LoRA+ (Hayou et al. 2024, arXiv:2402.12354): the LoRA B matrices learn at this many
-    times learning_rate, the A matrices at learning_rate (PEFT's create_loraplus_optimizer);
-    1 = plain AdamW, one rate for every LoRA weight. At exp.toml's lr 1e-4, 16 moved the
-    policy too far a step and cut held-out reward (benchmarks/RESULTS.md, "LoRA+"): lower
-    learning_rate with it."""
+    """LoRA+ (arXiv:2402.12354, PEFT's helper): LoRA B learns at ratio x learning_rate; 1 = off.
+    At exp.toml's lr, 16 cut held-out reward (RESULTS.md, "LoRA+"): lower the lr with it."""
     max_grad_norm: float = Field(1.0, ge=0)
     """Gradient-norm clip; 0 = no clipping (the norm is still logged)."""
     bf16: bool | Literal["auto"] = "auto"
-    """bf16 autocast for forward/backward (master weights stay fp32). "auto": on where the
-    trainer's device has bf16 units (CUDA GPUs, CPUs with AVX512-BF16 or AMX), off elsewhere,
-    where emulated bf16 is ~100x slower than fp32 (vfkit/precision.py)."""
+    """bf16 autocast for forward/backward (weights stay fp32). "auto": on where the device has
+    bf16 units (CUDA, AVX512-BF16/AMX CPUs), off where it is emulated (vfkit/precision.py)."""
     gradient_checkpointing: bool = False
     """Recompute activations in backward to save memory."""
     # --- LoRA
