@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vfkit.precision import SLOW_BF16, bf16_native, resolve_bf16
+from vfkit.precision import SLOW_BF16, bf16_emulated, bf16_native, resolve_bf16
 from vfkit.train.config import RunConfig, gpu_count
 from vfkit.train.config_fields import REDACTED, SECRET_KEYS
 from vfkit.train.placement import (
@@ -136,7 +136,7 @@ def precision(cfg: RunConfig, backend: str) -> str:
     if a.bf16 == "auto":
         has = "has" if used else "has no"
         line += f' (bf16 "auto": this {"CPU" if device == "cpu" else "GPU"} {has} bf16 units)'
-    elif used and device == "cpu" and not bf16_native(device):
+    elif used and bf16_emulated(device):
         line += f" (trainer.args.bf16 = true, but {SLOW_BF16})"
     dtype = str(cfg.inference.args.get("dtype", "auto"))
     if backend == "builtin" and server_on_cpu(cfg) and dtype == "auto":

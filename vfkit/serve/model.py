@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 
-from vfkit.precision import SLOW_BF16, bf16_native
+from vfkit.precision import SLOW_BF16, bf16_emulated, bf16_native
 from vfkit.serve.config import ServeConfig
 
 log = logging.getLogger("vfkit.serve")
@@ -24,7 +24,7 @@ def choose_dtype(name: str, device: str):
         dtype = getattr(torch, name, None)
         if not isinstance(dtype, torch.dtype):
             raise ValueError(f"unknown --dtype {name!r}: use auto, bfloat16, float16 or float32")
-        if dtype == torch.bfloat16 and device == "cpu" and not bf16_native(device):
+        if dtype == torch.bfloat16 and bf16_emulated(device):
             log.warning("--dtype %s: %s; --dtype auto serves fp32 here", name, SLOW_BF16)
         return dtype
     if device.startswith("cuda"):

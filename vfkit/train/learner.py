@@ -20,7 +20,7 @@ from accelerate.utils import broadcast_object_list, set_seed
 from peft.optimizers import create_loraplus_optimizer
 from transformers import get_scheduler
 
-from vfkit.precision import SLOW_BF16, bf16_native, resolve_bf16
+from vfkit.precision import SLOW_BF16, bf16_emulated, resolve_bf16
 from vfkit.train import checkpoint
 from vfkit.train.adapter_sync import Probe
 from vfkit.train.config import RunConfig, TrainerArgs
@@ -36,7 +36,7 @@ from vfkit.train.vision import ImageInputs, allowed_media_dirs, is_image_process
 def trainer_bf16(args: TrainerArgs, device: str) -> bool:
     """Whether the update runs under bf16 autocast on `device`; warns when asked for where
     it is emulated (an explicit `bf16 = true` is obeyed: the user may know better)."""
-    if args.bf16 is True and device == "cpu" and not bf16_native(device):
+    if args.bf16 is True and bf16_emulated(device):
         print(f"vf-train: warning: trainer.args.bf16 = true, but {SLOW_BF16}; set bf16 = "
               '"auto" (or false) to train in fp32', file=sys.stderr, flush=True)
     return resolve_bf16(args.bf16, device)
