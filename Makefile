@@ -5,6 +5,10 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 ENVS := $(wildcard environments/*/pyproject.toml)
 CONFIG ?= configs/exp.toml
+# pytest workers: one per core (`make test TEST_WORKERS=0` runs serially); a test file stays on
+# one worker, so a module's servers start once.
+TEST_WORKERS ?= auto
+PYTEST := $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile
 # vfkit works with openai 2.x and 3.x: the venv has 3.x; the SDK tests run again with 2.x from
 # this folder first on the path (openai itself plus distro, the one dependency 3.x dropped).
 OPENAI2 := .cache/openai2
@@ -36,7 +40,7 @@ install: $(VENV)/.installed
 
 test: install
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/pytest
+	$(PYTEST)
 	$(MAKE) test-openai2
 
 $(OPENAI2)/.installed: | $(VENV)/bin/python
@@ -47,7 +51,7 @@ $(OPENAI2)/.installed: | $(VENV)/bin/python
 # adapter-sync client (test_train_resilience.py) under openai 2.x (~2 minutes).
 test-openai2: install $(OPENAI2)/.installed
 	PYTHONPATH=$(OPENAI2) $(PY) -c "import openai; assert openai.__version__[0] == '2', openai.__version__"
-	PYTHONPATH=$(OPENAI2) $(VENV)/bin/pytest -m "not slow" $(SDK_TESTS)
+	PYTHONPATH=$(OPENAI2) $(PYTEST) -m "not slow" $(SDK_TESTS)
 
 run: install
 	$(VENV)/bin/vf-rl $(CONFIG)

@@ -9,6 +9,7 @@ chat messages, or the decoded prompt on the token route. Registered as a pytest 
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
@@ -68,7 +69,15 @@ def _install_verifiers(pip: str) -> None:
 @pytest.fixture(scope="module")
 def v1_python() -> str:
     """The venv's python: verifiers installed once, this checkout's packages when the list
-    changes (both editable, so code edits need no reinstall)."""
+    changes (both editable, so code edits need no reinstall). Under a file lock, so parallel
+    test workers build it once and never see it half-built."""
+    VENV.parent.mkdir(parents=True, exist_ok=True)
+    with open(VENV.parent / "bridge-v1-venv.lock", "w") as lock:  # pytest -n: one builder
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build_v1_venv()
+
+
+def _build_v1_venv() -> str:
     pip, base, stamp = str(VENV / "bin" / "pip"), VENV / ".verifiers", VENV / ".environments"
     if not base.exists():
         shutil.rmtree(VENV, ignore_errors=True)
