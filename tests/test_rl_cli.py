@@ -133,8 +133,7 @@ def test_tmux_run_has_three_panes_and_closes_itself(tmp_path: Path, tiny_model_p
     server_pid = int(tmux("display-message", "-p", "-t", "rltest", "#{pid}").stdout)
     panes = tmux("list-panes", "-t", "rltest", "-F", "#{pane_title}").stdout.split()
     assert sorted(panes) == ["metrics", "server", "trainer"]
-    watcher = Tracked(["sleep", "0"], env=env, cwd=tmp_path)  # records the tmux server's tree
-    watcher.watch_also(server_pid)
+    watcher = Tracked(["sleep", "0"], env=env, cwd=tmp_path, watch=(server_pid,))  # tmux's tree
     wait_for(lambda: _state(root).get("phase") == "done", 240, "the run to finish")
     assert _state(root)["exit_code"] == 0
     wait_for(lambda: tmux("has-session", "-t", "rltest").returncode != 0, 30, "session end")

@@ -103,13 +103,18 @@ def vfrl(tmp: Path, *args: str, timeout: float = 300) -> subprocess.CompletedPro
 class Tracked:
     """A started process whose descendants are all recorded while it runs (orphan checks)."""
 
-    def __init__(self, argv: list[str], *, env: dict[str, str], cwd: Path) -> None:
+    def __init__(self, argv: list[str], *, env: dict[str, str], cwd: Path,
+                 watch: tuple[int, ...] = ()) -> None:
+        """`watch`: other processes (the tmux server) whose descendants are recorded from the
+        start, however soon `argv` itself exits."""
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True, env=env, cwd=cwd,
         )  # fmt: skip
         self.seen: set[psutil.Process] = set()
         self.roots = [psutil.Process(self.proc.pid)]
+        for pid in watch:
+            self.watch_also(pid)
         self._thread = threading.Thread(target=self._record, daemon=True)
         self._thread.start()
 
@@ -121,7 +126,8 @@ class Tracked:
             time.sleep(0.05)
 
     def watch_also(self, pid: int) -> None:
-        """Record the descendants of another process too (the tmux server)."""
+        """Record the descendants of another process too (the tmux server), while `argv` runs:
+        a short-lived `argv` can end first, so pass such pids as `watch` instead."""
         with contextlib.suppress(psutil.Error):
             self.roots.append(psutil.Process(pid))
 
