@@ -10,6 +10,8 @@ and its AutoProcessor; its LoRA adapts the language model only unless `lora_trai
 
 from __future__ import annotations
 
+import functools
+import inspect
 import re
 import shutil
 from pathlib import Path
@@ -112,20 +114,54 @@ def token_logprobs(
     *,
     with_entropy: bool = False,
     vision: dict[str, torch.Tensor] | None = None,
+    first: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprob of each next token (B × T-1) at the sampling temperature, and its entropy.
 
+    `first`: the first position (of the B × T-1) anyone reads; the ones before it are left at
+    0 and their logits never computed. The loss reads completion tokens only, and the prompt
+    is most of a short RL sequence: the output layer and the vocabulary-wide softmax over
+    prompt positions are a fifth of a SmolLM2 step's compute, spent on numbers nobody uses.
     `vision`: a VLM micro-batch's image inputs (pixel_values, ...), passed on to the forward.
     """
+    width = input_ids_BT.shape[1] - 1
+    first = first if first > 0 and keeps_logits(model) else 0
+    keep = {"logits_to_keep": width + 1 - first} if first else {}
     logits_BTV = model(
-        input_ids=input_ids_BT, attention_mask=attention_mask_BT, **(vision or {})
+        input_ids=input_ids_BT, attention_mask=attention_mask_BT, **keep, **(vision or {})
     ).logits
-    logits_BTV = logits_BTV[:, :-1].float() / temperature
-    targets_BT = input_ids_BT[:, 1:]
+    logits_BTV = logits_BTV[:, :-1].float() / temperature  # positions first .. T-2
+    targets_BT = input_ids_BT[:, first + 1 :]
     log_norm_BT = torch.logsumexp(logits_BTV, dim=-1)
     logprobs_BT = logits_BTV.gather(-1, targets_BT.unsqueeze(-1)).squeeze(-1) - log_norm_BT
     entropy_BT = entropy(logits_BTV.detach(), log_norm_BT.detach()) if with_entropy else None
+    if first:
+        logprobs_BT = _left_pad(logprobs_BT, first)
+        entropy_BT = None if entropy_BT is None else _left_pad(entropy_BT, first)
     return logprobs_BT, entropy_BT
+
+
+def first_position(mask_BT: torch.Tensor) -> int:
+    """The first column where any row of `mask_BT` is set (0 when none is)."""
+    columns = mask_BT.any(dim=0).nonzero()
+    return int(columns[0]) if len(columns) else 0
+
+
+def keeps_logits(model: torch.nn.Module) -> bool:
+    """Whether the model's forward takes `logits_to_keep` (transformers' causal LMs and most
+    VLMs do), looking through DDP's and PEFT's wrappers."""
+    inner = getattr(model, "module", model)
+    inner = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
+    return _forward_takes(type(inner), "logits_to_keep")
+
+
+@functools.cache
+def _forward_takes(cls: type, name: str) -> bool:
+    return name in inspect.signature(cls.forward).parameters
+
+
+def _left_pad(values_BT: torch.Tensor, width: int) -> torch.Tensor:
+    return torch.nn.functional.pad(values_BT, (width, 0))
 
 
 @torch.no_grad()
@@ -146,12 +182,15 @@ def entropy(logits_BTV: torch.Tensor, log_norm_BT: torch.Tensor,
 @torch.no_grad()
 def base_logprobs(
     model: PeftModel, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor, temp: float,
-    vision: dict[str, torch.Tensor] | None = None,
+    vision: dict[str, torch.Tensor] | None = None, first: int = 0,
 ) -> torch.Tensor:
-    """Logprobs under the base model: the same weights with the adapter switched off."""
+    """Logprobs under the base model: the same weights with the adapter switched off
+    (`first` as in `token_logprobs`)."""
     model = getattr(model, "module", model)  # under DDP: the PeftModel inside (no grad here)
     with model.disable_adapter():
-        return token_logprobs(model, input_ids_BT, attention_mask_BT, temp, vision=vision)[0]
+        return token_logprobs(
+            model, input_ids_BT, attention_mask_BT, temp, vision=vision, first=first
+        )[0]
 
 
 @torch.no_grad()

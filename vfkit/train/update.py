@@ -17,7 +17,7 @@ import torch
 from vfkit.train.batching import MicroBatch, micro_batches
 from vfkit.train.config import TrainerArgs
 from vfkit.train.losses import LOSSES, LossInputs
-from vfkit.train.policy import base_logprobs, token_logprobs
+from vfkit.train.policy import base_logprobs, first_position, token_logprobs
 from vfkit.train.samples import Sample
 from vfkit.train.vision import ImageInputs
 
@@ -47,12 +47,13 @@ def micro_batch_loss(
     stats: TokenStats,
 ) -> torch.Tensor:
     """The loss of one micro-batch (normalized for the whole step); records token stats."""
+    loss_mask_BT = mb.loss_mask_BT[:, 1:]
+    first = first_position(loss_mask_BT)  # logits before the first trained token: not needed
     logprobs_BT, entropy_BT = token_logprobs(
         model, mb.input_ids_BT, mb.attention_mask_BT, args.temperature, with_entropy=True,
-        vision=mb.vision,
+        vision=mb.vision, first=first,
     )
     sampling_BT = mb.sampling_logprobs_BT[:, 1:]
-    loss_mask_BT = mb.loss_mask_BT[:, 1:]
     log_ratio_BT = (logprobs_BT.detach() - sampling_BT) * loss_mask_BT
     ratio_BT = torch.exp(log_ratio_BT)
     # tokens the sampler and trainer disagree on too much carry no usable gradient: mask them
@@ -61,7 +62,7 @@ def micro_batch_loss(
     kl_BT = None
     if args.beta > 0:  # k3 estimator of KL(policy ‖ base), Schulman 2020
         log_base_ratio_BT = base_logprobs(
-            model, mb.input_ids_BT, mb.attention_mask_BT, args.temperature, mb.vision
+            model, mb.input_ids_BT, mb.attention_mask_BT, args.temperature, mb.vision, first
         ) - logprobs_BT
         kl_BT = torch.exp(log_base_ratio_BT) - log_base_ratio_BT - 1
     total_tokens, total_sequences = totals
