@@ -180,7 +180,7 @@ class TrainerArgs(Section):
     lr_scheduler_type: SchedulerName = "constant"
     """Learning-rate schedule (transformers' get_scheduler names)."""
     warmup_steps: int = Field(0, ge=0)
-    """Linear warm-up steps of the schedule."""
+    """Linear warm-up steps: step k of n at k/n of the learning rate (none at lr 0)."""
     weight_decay: float = Field(0.0, ge=0)
     """AdamW weight decay."""
     adam_beta1: float = Field(0.9, ge=0, lt=1)

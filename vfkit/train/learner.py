@@ -18,6 +18,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list, set_seed
 from peft.optimizers import create_loraplus_optimizer
+from torch.optim.lr_scheduler import LambdaLR
 from transformers import get_scheduler
 
 from vfkit.precision import SLOW_BF16, bf16_emulated, resolve_bf16
@@ -61,6 +62,23 @@ def build_optimizer(model: Any, args: TrainerArgs) -> torch.optim.Optimizer:
     )
 
 
+def build_scheduler(optimizer: torch.optim.Optimizer, args: TrainerArgs) -> LambdaLR:
+    """transformers' `lr_scheduler_type` schedule, with a warm-up that starts above zero.
+
+    transformers' warm-up sets step k of n to (k-1)/n of the learning rate, so the run's first
+    optimizer step is at lr 0: a step of rollouts and compute that changes nothing (and, one
+    step off-policy, the next two batches still come from the base model). Here step k of the
+    warm-up trains at k/n (torch's LinearLR also starts above 0); from step n on the schedule
+    is transformers' own.
+    """
+    hf = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=args.warmup_steps,
+                       num_training_steps=args.max_steps)
+    warmup, shape = args.warmup_steps, hf.lr_lambdas[0]  # one shape for every param group
+    if warmup == 0:
+        return hf
+    return LambdaLR(optimizer, lambda step: shape(step + 1 if step < warmup else step))
+
+
 class Learner:
     """Policy + optimizer + schedule; only this class touches model weights."""
 
@@ -83,10 +101,7 @@ class Learner:
         self.images = (ImageInputs(self.processor, allowed_media_dirs(cfg))
                        if is_image_processor(self.processor) else None)
         optimizer = build_optimizer(model, args)
-        self.scheduler = get_scheduler(
-            args.lr_scheduler_type, optimizer, num_warmup_steps=args.warmup_steps,
-            num_training_steps=args.max_steps,
-        )
+        self.scheduler = build_scheduler(optimizer, args)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.pad_id = self.tokenizer.pad_token_id
         if self.pad_id is None:
