@@ -73,9 +73,10 @@ def build_scheduler(optimizer: torch.optim.Optimizer, args: TrainerArgs) -> Lamb
     """
     hf = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=args.warmup_steps,
                        num_training_steps=args.max_steps)
-    warmup, shape = args.warmup_steps, hf.lr_lambdas[0]  # one shape for every param group
+    warmup = args.warmup_steps
     if warmup == 0:
         return hf
+    shape = hf.lr_lambdas[0]  # one shape for every param group
     return LambdaLR(optimizer, lambda step: shape(step + 1 if step < warmup else step))
 
 

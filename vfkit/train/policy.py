@@ -120,13 +120,12 @@ def token_logprobs(
 
     `first`: the first position (of the B × T-1) anyone reads; the ones before it are left at
     0 and their logits never computed. The loss reads completion tokens only, and the prompt
-    is most of a short RL sequence: the output layer and the vocabulary-wide softmax over
-    prompt positions are a fifth of a SmolLM2 step's compute, spent on numbers nobody uses.
+    is most of a short RL sequence, and the output layer (a fifth of SmolLM2's per-token
+    forward) and the vocabulary-wide softmax over it feed nothing.
     `vision`: a VLM micro-batch's image inputs (pixel_values, ...), passed on to the forward.
     """
-    width = input_ids_BT.shape[1] - 1
     first = first if first > 0 and keeps_logits(model) else 0
-    keep = {"logits_to_keep": width + 1 - first} if first else {}
+    keep = {"logits_to_keep": input_ids_BT.shape[1] - first} if first else {}
     logits_BTV = model(
         input_ids=input_ids_BT, attention_mask=attention_mask_BT, **keep, **(vision or {})
     ).logits
