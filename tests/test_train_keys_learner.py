@@ -33,6 +33,22 @@ def _micro_batch_size(ctx: Ctx) -> None:
         assert len(calls) == passes
 
 
+@check("trainer.args.shared_prompt_forward")
+def _shared_prompt_forward(ctx: Ctx) -> None:
+    samples = _samples(4)
+    for s in samples[1:]:  # one group: the same 4 prompt tokens
+        s.input_ids[:4] = samples[0].input_ids[:4]
+    width = max(len(s) for s in samples)
+    for on, widths in (("true", [(1, 3), (4, width - 3)]), ("false", [(4, width)])):
+        learner = ctx.learner(f"trainer.args.shared_prompt_forward={on}",
+                              "trainer.args.micro_batch_size=4")
+        seen = []
+        learner.peft_model.base_model.model.model.embed_tokens.register_forward_hook(
+            lambda _m, inp, _o, seen=seen: seen.append(tuple(inp[0].shape)))
+        learner.update(samples)
+        assert seen == widths  # on: the prompt once, up to the last position the loss reads
+
+
 @check("trainer.args.learning_rate", "trainer.args.adam_beta1", "trainer.args.adam_beta2",
        "trainer.args.weight_decay")
 def _optimizer(ctx: Ctx) -> None:

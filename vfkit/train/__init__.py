@@ -8,13 +8,13 @@ In data-path order:
     phases.py         what vf-train runs: train, --phase rollout, --phase update (the wiring)
     rundir.py         every path under outputs/<run>/ and the adapter names, both ways
     placement.py      server backend, GPU ids, CPU thread split, server flags
-    cores.py          the trainer takes every CPU core while nothing is generating
+    cores.py          CPU threads follow the work: trainer and local server lend each other cores
     orchestrator.py   live batches: rollouts in their own thread; policy versions; eval
     batches.py        the BatchSource protocol; SavedBatches for --phase update
     data.py           which prompts each step uses (seeded, resumable); rollouts files
     advantages.py     the trainer's use of vfkit/advantage.py; zero-signal filtering
     samples.py        states -> token sequences + loss masks (server ids, never re-tokenized)
-    batching.py       length-bucketed, padded micro-batches on the model's device
+    batching.py       padded micro-batches by prompt (shared tokens run once) or by length
     losses/           grpo, dr_grpo, dapo, cispo: pure tensor functions
     update.py         one optimizer step over micro-batches (token stats for metrics)
     policy.py, learner.py   PEFT LoRA on Accelerate; adapter files; probe logprobs

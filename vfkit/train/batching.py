@@ -1,4 +1,7 @@
-"""Samples -> padded micro-batches, bucketed by length so padding stays small.
+"""Samples -> padded micro-batches: by length so padding stays small, or by prompt.
+
+Bucketed by prompt (`by_prompt`), a group's sequences sit side by side, and the tokens they
+share run through the model once (`MicroBatch.shared_prefix`, `group_B`; policy.token_logprobs).
 
 A vision-language policy's micro-batch also carries its samples' vision inputs (`vision`:
 pixel_values, image_sizes / image_grid_thw, ...), on the same device as the ids.
@@ -24,6 +27,8 @@ class MicroBatch:
     sampling_logprobs_BT: torch.Tensor
     advantages_B: torch.Tensor
     vision: dict[str, torch.Tensor] = field(default_factory=dict)  # the model's image inputs
+    shared_prefix: int = 0  # leading tokens each row shares with the others of its group,
+    group_B: torch.Tensor | None = None  # ... and each row's group (rows with the same prompt)
 
     @property
     def num_tokens(self) -> int:
@@ -31,11 +36,12 @@ class MicroBatch:
 
     def to(self, device: torch.device | str) -> MicroBatch:
         """The same tensors on `device` (the model's: the loss never mixes devices)."""
-        fields = {k: v for k, v in vars(self).items() if k != "vision"}
+        fields = {k: v for k, v in vars(self).items() if isinstance(v, torch.Tensor)}
         return MicroBatch(
             **{k: v.to(device, non_blocking=True) for k, v in fields.items()},
             vision={k: v.to(device, non_blocking=True) for k, v in self.vision.items()},
-        )
+            shared_prefix=self.shared_prefix,
+        )  # group_B is a tensor: moved with the others
 
 
 def bucket_by_length(samples: list[Sample], micro_batch_size: int) -> list[list[Sample]]:
@@ -43,6 +49,43 @@ def bucket_by_length(samples: list[Sample], micro_batch_size: int) -> list[list[
     order = sorted(range(len(samples)), key=lambda i: (-len(samples[i]), i))
     ordered = [samples[i] for i in order]
     return [ordered[i : i + micro_batch_size] for i in range(0, len(ordered), micro_batch_size)]
+
+
+def bucket_by_prompt(samples: list[Sample], micro_batch_size: int) -> list[list[Sample]]:
+    """Chunks of `micro_batch_size` samples with each prompt's samples (the tokens before the
+    first trained one) side by side: prompts longest sample first, longest first within one."""
+    groups: dict[tuple[int, ...], list[Sample]] = {}
+    for s in samples:
+        groups.setdefault(prompt_of(s), []).append(s)
+    ordered = sorted((sorted(g, key=len, reverse=True) for g in groups.values()),
+                     key=lambda g: len(g[0]), reverse=True)  # stable: ties keep their order
+    flat = [s for g in ordered for s in g]
+    return [flat[i : i + micro_batch_size] for i in range(0, len(flat), micro_batch_size)]
+
+
+def shared_prefixes(rows: list[Sample]) -> tuple[int, list[int]]:
+    """(P, group of each row): rows with the same prompt form a group, and each group's rows
+    share their first P tokens (P the shortest of the groups' common prefixes)."""
+    keys: dict[tuple[int, ...], int] = {}
+    group_B = [keys.setdefault(prompt_of(s), len(keys)) for s in rows]
+    members = [[s.input_ids for s, g in zip(rows, group_B, strict=True) if g == k]
+               for k in range(len(keys))]
+    return min(common_prefix(m) for m in members), group_B
+
+
+def common_prefix(rows: list[list[int]]) -> int:
+    """How many leading tokens all `rows` share."""
+    shortest = min(len(r) for r in rows)
+    return next((i for i in range(shortest) if any(r[i] != rows[0][i] for r in rows)), shortest)
+
+
+def prompt_of(sample: Sample) -> tuple[int, ...]:
+    """The tokens before the first trained one."""
+    return tuple(sample.input_ids[: _first_trained(sample)])
+
+
+def _first_trained(sample: Sample) -> int:
+    return next((i for i, m in enumerate(sample.loss_mask) if m), len(sample))
 
 
 def collate(samples: list[Sample], pad_id: int, images: ImageInputs | None = None) -> MicroBatch:
@@ -53,6 +96,7 @@ def collate(samples: list[Sample], pad_id: int, images: ImageInputs | None = Non
         return torch.tensor([r + [value] * (width - len(r)) for r in rows], dtype=dtype)
 
     input_ids_BT = pad([s.input_ids for s in samples], pad_id, torch.long)
+    prefix, group_B = shared_prefixes(samples)
     vision = {}
     if images is not None and any(s.vision for s in samples):
         vision = images.collate([s.vision for s in samples]) | images.token_inputs(input_ids_BT)
@@ -63,17 +107,20 @@ def collate(samples: list[Sample], pad_id: int, images: ImageInputs | None = Non
         sampling_logprobs_BT=pad([s.sampling_logprobs for s in samples], 0.0, torch.float32),
         advantages_B=torch.tensor([s.advantage for s in samples], dtype=torch.float32),
         vision=vision,
+        shared_prefix=prefix, group_B=torch.tensor(group_B),
     )
 
 
 def micro_batches(
     samples: list[Sample], micro_batch_size: int, pad_id: int, *, rank: int = 0, world: int = 1,
-    device: torch.device | str = "cpu", images: ImageInputs | None = None,
+    device: torch.device | str = "cpu", images: ImageInputs | None = None, by_prompt: bool = False,
 ) -> list[MicroBatch]:
     """This process's share of the step's micro-batches on `device` (same count on every rank).
 
-    `images`: the VLM policy's image processor (collates the samples' vision inputs)."""
-    buckets = bucket_by_length(samples, micro_batch_size)
+    `images`: the VLM policy's image processor (collates the samples' vision inputs).
+    `by_prompt`: one prompt per micro-batch (`bucket_by_prompt`), else bucketed by length."""
+    bucket = bucket_by_prompt if by_prompt else bucket_by_length
+    buckets = bucket(samples, micro_batch_size)
     while len(buckets) % world:  # DDP needs equal backward counts: repeat with zero loss mask
         buckets.append([_without_loss(s) for s in buckets[-1]])
     return [collate(b, pad_id, images).to(device) for b in buckets[rank::world]]

@@ -197,6 +197,9 @@ class TrainerArgs(Section):
     bf16 units (CUDA, AVX512-BF16/AMX CPUs), off where it is emulated (vfkit/precision.py)."""
     gradient_checkpointing: bool = False
     """Recompute activations in backward to save memory."""
+    shared_prompt_forward: bool = True
+    """Run a group's prompt through the model once per micro-batch, its keys/values shared by
+    the group's completions (same logprobs and gradients; not with gradient checkpointing)."""
     # --- LoRA
     use_lora: bool = True
     """Train a LoRA adapter (the only mode: adapters are what the server hot-loads)."""

@@ -115,6 +115,8 @@ def token_logprobs(
     with_entropy: bool = False,
     vision: dict[str, torch.Tensor] | None = None,
     first: int = 0,
+    prefix: int = 0,
+    group_B: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprob of each next token (B × T-1) at the sampling temperature, and its entropy.
 
@@ -122,13 +124,24 @@ def token_logprobs(
     0 and their logits never computed. The loss reads completion tokens only, and the prompt
     is most of a short RL sequence, and the output layer (a fifth of SmolLM2's per-token
     forward) and the vocabulary-wide softmax over it feed nothing.
+    `prefix`, `group_B`: the rows of each group (`group_B[b]`, 0..G-1) begin with the same
+    `prefix` tokens (a group's prompt): those run through the model once a group, and their
+    keys and values serve each of its rows (`shared_prefix`); only up to `first`, whose logits
+    are read. Gradients flow through the shared keys/values.
     `vision`: a VLM micro-batch's image inputs (pixel_values, ...), passed on to the forward.
     """
     first = first if first > 0 and keeps_logits(model) else 0
+    prefix = min(prefix, first)
+    share = prefix > 0 and not vision and group_B is not None
+    share = share and int(group_B.max()) + 1 < len(group_B)  # fewer groups than rows
+    cache = shared_prefix(model, input_ids_BT[:, :prefix], group_B) if share else None
+    start = cache.get_seq_length() if cache is not None else 0
     keep = {"logits_to_keep": input_ids_BT.shape[1] - first} if first else {}
     logits_BTV = model(
-        input_ids=input_ids_BT, attention_mask=attention_mask_BT, **keep, **(vision or {})
-    ).logits
+        input_ids=input_ids_BT[:, start:], attention_mask=attention_mask_BT, **keep,
+        **({cache_key(model): cache, "use_cache": True} if cache is not None else {}),
+        **(vision or {}),
+    ).logits  # fmt: skip
     logits_BTV = logits_BTV[:, :-1].float() / temperature  # positions first .. T-2
     targets_BT = input_ids_BT[:, first + 1 :]
     log_norm_BT = torch.logsumexp(logits_BTV, dim=-1)
@@ -140,6 +153,41 @@ def token_logprobs(
     return logprobs_BT, entropy_BT
 
 
+def shared_prefix(model: torch.nn.Module, prefix_BP: torch.Tensor, group_B: torch.Tensor) -> Any:
+    """The keys/values of each group's prefix (one row of `prefix_BP` a group), one copy per row
+    (a transformers DynamicCache), or None where the model cannot share them: its forward keeps
+    no cache (as under gradient checkpointing), or its cache is not plain full attention
+    (sliding windows, recurrent state), which a shared prefix would not reproduce exactly."""
+    from transformers.cache_utils import DynamicLayer
+
+    if _no_shared_prefix(model):
+        return None
+    groups = int(group_B.max()) + 1
+    first_row_G = torch.stack([(group_B == g).nonzero()[0, 0] for g in range(groups)])
+    out = model(input_ids=prefix_BP[first_row_G], use_cache=True, logits_to_keep=1)
+    cache = getattr(out, cache_key(model), None)
+    if cache is None:
+        return None
+    if any(type(layer) is not DynamicLayer for layer in getattr(cache, "layers", [None])):
+        _NO_SHARED_PREFIX.add(type(_inner(model)))  # found out once: not asked again
+        return None
+    cache.batch_select_indices(group_B)  # row b: its group's keys/values
+    return cache
+
+
+_NO_SHARED_PREFIX: set[type] = set()
+
+
+def cache_key(model: torch.nn.Module) -> str:
+    """The forward's (and output's) name for the keys/values: `cache` from transformers 5.24,
+    `past_key_values` before."""
+    return "cache" if _forward_takes(type(_inner(model)), "cache") else "past_key_values"
+
+
+def _no_shared_prefix(model: torch.nn.Module) -> bool:
+    return type(_inner(model)) in _NO_SHARED_PREFIX
+
+
 def first_position(mask_BT: torch.Tensor) -> int:
     """The first column where any row of `mask_BT` is set (0 when none is)."""
     columns = mask_BT.any(dim=0).nonzero()
@@ -149,9 +197,13 @@ def first_position(mask_BT: torch.Tensor) -> int:
 def keeps_logits(model: torch.nn.Module) -> bool:
     """Whether the model's forward takes `logits_to_keep` (transformers' causal LMs and most
     VLMs do), looking through DDP's and PEFT's wrappers."""
+    return _forward_takes(type(_inner(model)), "logits_to_keep")
+
+
+def _inner(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model inside DDP's and PEFT's wrappers."""
     inner = getattr(model, "module", model)
-    inner = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
-    return _forward_takes(type(inner), "logits_to_keep")
+    return inner.get_base_model() if hasattr(inner, "get_base_model") else inner
 
 
 @functools.cache
@@ -181,14 +233,16 @@ def entropy(logits_BTV: torch.Tensor, log_norm_BT: torch.Tensor,
 @torch.no_grad()
 def base_logprobs(
     model: PeftModel, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor, temp: float,
-    vision: dict[str, torch.Tensor] | None = None, first: int = 0,
+    vision: dict[str, torch.Tensor] | None = None, first: int = 0, prefix: int = 0,
+    group_B: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Logprobs under the base model: the same weights with the adapter switched off
-    (`first` as in `token_logprobs`)."""
+    (`first`, `prefix` and `group_B` as in `token_logprobs`)."""
     model = getattr(model, "module", model)  # under DDP: the PeftModel inside (no grad here)
     with model.disable_adapter():
         return token_logprobs(
-            model, input_ids_BT, attention_mask_BT, temp, vision=vision, first=first
+            model, input_ids_BT, attention_mask_BT, temp, vision=vision, first=first,
+            prefix=prefix, group_B=group_B,
         )[0]
 
 

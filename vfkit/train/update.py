@@ -49,9 +49,10 @@ def micro_batch_loss(
     """The loss of one micro-batch (normalized for the whole step); records token stats."""
     loss_mask_BT = mb.loss_mask_BT[:, 1:]
     first = first_position(loss_mask_BT)  # logits before the first trained token: not needed
+    prefix = mb.shared_prefix if shares_prompts(args) else 0
     logprobs_BT, entropy_BT = token_logprobs(
         model, mb.input_ids_BT, mb.attention_mask_BT, args.temperature, with_entropy=True,
-        vision=mb.vision, first=first,
+        vision=mb.vision, first=first, prefix=prefix, group_B=mb.group_B,
     )
     sampling_BT = mb.sampling_logprobs_BT[:, 1:]
     log_ratio_BT = (logprobs_BT.detach() - sampling_BT) * loss_mask_BT
@@ -62,7 +63,8 @@ def micro_batch_loss(
     kl_BT = None
     if args.beta > 0:  # k3 estimator of KL(policy ‖ base), Schulman 2020
         log_base_ratio_BT = base_logprobs(
-            model, mb.input_ids_BT, mb.attention_mask_BT, args.temperature, mb.vision, first
+            model, mb.input_ids_BT, mb.attention_mask_BT, args.temperature, mb.vision, first,
+            prefix, mb.group_B,
         ) - logprobs_BT
         kl_BT = torch.exp(log_base_ratio_BT) - log_base_ratio_BT - 1
     total_tokens, total_sequences = totals
@@ -95,6 +97,12 @@ def micro_batch_loss(
     return out.loss
 
 
+def shares_prompts(args: TrainerArgs) -> bool:
+    """Whether a group's prompt runs once per micro-batch (`shared_prompt_forward`): not under
+    gradient checkpointing, whose recomputed forward would extend the shared keys again."""
+    return args.shared_prompt_forward and not args.gradient_checkpointing
+
+
 def policy_update(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -116,7 +124,7 @@ def policy_update(
     batches = micro_batches(
         samples, args.micro_batch_size, pad_id,
         rank=accelerator.process_index, world=accelerator.num_processes,
-        device=accelerator.device, images=images,
+        device=accelerator.device, images=images, by_prompt=shares_prompts(args),
     )
     model.train()
     stats, loss_sum = TokenStats(), 0.0

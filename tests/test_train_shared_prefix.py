@@ -1,0 +1,141 @@
+"""A group's prompt runs once per micro-batch: bucketing by prompt, and the shared keys/values
+give the logprobs, gradients and optimizer step of the unshared forward."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from accelerate import Accelerator
+from transformers import MistralConfig, MistralForCausalLM, get_scheduler
+
+from vfkit.train import policy
+from vfkit.train.batching import bucket_by_prompt, common_prefix, micro_batches
+from vfkit.train.config import TrainerArgs
+from vfkit.train.learner import build_optimizer
+from vfkit.train.policy import first_position, load_policy, token_logprobs
+from vfkit.train.samples import Sample
+from vfkit.train.update import policy_update
+
+ARGS = TrainerArgs(lora_rank=4, lora_alpha=8, mask_ratio_low=0.0, mask_ratio_high=1e30)
+
+
+def group(prompt: list[int], completions: list[int], advantage: float = 1.0) -> list[Sample]:
+    """One prompt's samples, completion lengths as given (ids differ from the first token on)."""
+    out = []
+    for i, n in enumerate(completions):
+        ids = prompt + [(100 + 7 * i + j) % 250 + 3 for j in range(n)]
+        mask = [0] * len(prompt) + [1] * n
+        out.append(Sample(ids, mask, [-1.0 * m for m in mask], advantage * (-1) ** i))
+    return out
+
+
+def test_buckets_keep_a_prompts_samples_side_by_side() -> None:
+    a, b = group([5, 6, 7], [2, 4, 3]), group([5, 6, 8, 9], [1, 6])
+    chunks = bucket_by_prompt([a[0], b[0], a[1], b[1], a[2]], 2)
+    assert [[len(s) for s in c] for c in chunks] == [[10, 5], [7, 6], [5]]  # b first: longest
+    assert common_prefix([s.input_ids for s in a]) == 3
+    assert common_prefix([[1, 2], [1, 2, 3]]) == 2 and common_prefix([[1], [2]]) == 0
+    (mb,) = micro_batches(b, 4, pad_id=0, by_prompt=True)
+    assert mb.shared_prefix == 4 and mb.group_B.tolist() == [0, 0]
+    (mb,) = micro_batches(a + b, 8, pad_id=0, by_prompt=True)
+    assert mb.shared_prefix == 3 and mb.group_B.tolist() == [0, 0, 1, 1, 1]  # b, then a
+
+
+def randomize_lora(model: torch.nn.Module) -> None:
+    """LoRA B starts at 0, where A's gradient is 0: give both values so every gradient shows."""
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+
+
+def logprobs_and_grads(model, mb, share: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    model.zero_grad()
+    loss_mask = mb.loss_mask_BT[:, 1:]
+    first = first_position(loss_mask)
+    logprobs, _ = token_logprobs(model, mb.input_ids_BT, mb.attention_mask_BT, 0.7, first=first,
+                                 prefix=mb.shared_prefix if share else 0, group_B=mb.group_B)
+    (logprobs * loss_mask * mb.advantages_B[:, None]).sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+    return (logprobs * loss_mask).detach(), grads
+
+
+def test_shared_prompts_give_the_unshared_logprobs_and_gradients(tiny_model_path: Path) -> None:
+    """Two groups in one micro-batch: prompts of 13 and 11 tokens (their first 11 shared by
+    each group's rows, run once a group), completions of different lengths."""
+    model, tokenizer = load_policy(tiny_model_path, ARGS)
+    randomize_lora(model)
+    samples = group(list(range(20, 31)), [4, 9, 1]) + group(list(range(40, 53)), [6, 2], -1.0)
+    (mb,) = micro_batches(samples, 5, tokenizer.pad_token_id or 0, by_prompt=True)
+    assert mb.shared_prefix == 11 and mb.group_B.tolist() == [0, 0, 0, 1, 1]
+    widths: list[tuple[int, int]] = []
+    embed = model.get_input_embeddings()
+    hook = embed.register_forward_hook(lambda _m, inp, _o: widths.append(tuple(inp[0].shape)))
+    full, full_grads = logprobs_and_grads(model, mb, share=False)
+    shared, shared_grads = logprobs_and_grads(model, mb, share=True)
+    hook.remove()
+    width = mb.input_ids_BT.shape[1]
+    # the prompt up to the position whose logits predict the first completion token, once
+    assert widths == [(5, width), (2, 10), (5, width - 10)]
+    assert (shared - full).abs().max() < 1e-5
+    assert max((shared_grads[n] - g).abs().max().item() for n, g in full_grads.items()) < 1e-5
+    assert min(g.abs().sum().item() for g in full_grads.values()) > 0  # every LoRA matrix
+
+
+def test_rows_of_different_prompts_only_run_unshared(tiny_model_path: Path) -> None:
+    model, _ = load_policy(tiny_model_path, ARGS)
+    samples = group([7, 8, 9], [2]) + group([7, 8, 10], [3])
+    (mb,) = micro_batches(samples, 2, 0, by_prompt=True)
+    assert mb.group_B.tolist() == [0, 1]  # two groups of one: nothing to share
+    widths: list[int] = []
+    model.get_input_embeddings().register_forward_hook(
+        lambda _m, inp, _o: widths.append(inp[0].shape[1]))
+    token_logprobs(model, mb.input_ids_BT, mb.attention_mask_BT, 1.0, first=2,
+                   prefix=mb.shared_prefix, group_B=mb.group_B)
+    assert widths == [mb.input_ids_BT.shape[1]]
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_a_step_is_the_same_with_or_without_sharing(tiny_model_path: Path, shared) -> None:
+    """Two groups, micro-batches of 3 (a group spans two): the optimizer step and its metrics
+    match the unshared, length-bucketed step."""
+    samples = group([9, 8, 7, 6, 5], [3, 6, 2, 5]) + group([9, 8, 4], [7, 1, 4, 2], 2.0)
+
+    def step(args: TrainerArgs) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+        model, _ = load_policy(tiny_model_path, args)
+        randomize_lora(model)
+        accelerator = Accelerator(cpu=True)
+        optimizer = build_optimizer(model, args)
+        scheduler = get_scheduler("constant", optimizer)
+        out = policy_update(model, optimizer, scheduler, accelerator, samples, args, 0)
+        return out, {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
+
+    args = ARGS.model_copy(update={"micro_batch_size": 3, "learning_rate": 1e-3})
+    base, base_params = step(args.model_copy(update={"shared_prompt_forward": False}))
+    other, params = step(args.model_copy(update={"shared_prompt_forward": shared}))
+    assert other["grad_norm"] > 0
+    for key in ("loss", "grad_norm", "entropy", "ratio/mean"):
+        assert other[key] == pytest.approx(base[key], rel=1e-4, abs=1e-6), key
+    assert max((params[n] - p).abs().max().item() for n, p in base_params.items()) < 1e-6
+
+
+def test_a_sliding_window_model_falls_back_to_the_full_forward(tmp_path: Path) -> None:
+    """A sliding-window cache keeps only the window: sharing it would not be the full forward."""
+    config = MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                           sliding_window=4, max_position_embeddings=64)
+    torch.manual_seed(0)
+    MistralForCausalLM(config).save_pretrained(tmp_path)
+    model = MistralForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    samples = group([3, 4, 5, 6, 7, 8], [3, 2], advantage=1.0)
+    for s in samples:
+        s.input_ids = [i % 64 for i in s.input_ids]
+    (mb,) = micro_batches(samples, 2, 0, by_prompt=True)
+    full, _ = token_logprobs(model, mb.input_ids_BT, mb.attention_mask_BT, 1.0, first=5)
+    again, _ = token_logprobs(model, mb.input_ids_BT, mb.attention_mask_BT, 1.0, first=5,
+                              prefix=mb.shared_prefix, group_B=mb.group_B)
+    assert torch.allclose(again, full, atol=1e-6)
+    assert MistralForCausalLM in policy._NO_SHARED_PREFIX  # found out on the first try
