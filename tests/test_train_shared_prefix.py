@@ -11,7 +11,7 @@ from accelerate import Accelerator
 from transformers import MistralConfig, MistralForCausalLM, get_scheduler
 
 from vfkit.train import policy
-from vfkit.train.batching import bucket_by_prompt, common_prefix, micro_batches
+from vfkit.train.batching import common_prefix, micro_batches
 from vfkit.train.config import TrainerArgs
 from vfkit.train.learner import build_optimizer
 from vfkit.train.policy import first_position, load_policy, token_logprobs
@@ -31,16 +31,14 @@ def group(prompt: list[int], completions: list[int], advantage: float = 1.0) -> 
     return out
 
 
-def test_buckets_keep_a_prompts_samples_side_by_side() -> None:
+def test_rows_of_a_prompt_form_a_group_and_share_its_prefix() -> None:
     a, b = group([5, 6, 7], [2, 4, 3]), group([5, 6, 8, 9], [1, 6])
-    chunks = bucket_by_prompt([a[0], b[0], a[1], b[1], a[2]], 2)
-    assert [[len(s) for s in c] for c in chunks] == [[10, 5], [7, 6], [5]]  # b first: longest
     assert common_prefix([s.input_ids for s in a]) == 3
     assert common_prefix([[1, 2], [1, 2, 3]]) == 2 and common_prefix([[1], [2]]) == 0
-    (mb,) = micro_batches(b, 4, pad_id=0, by_prompt=True)
+    (mb,) = micro_batches(b, 4, pad_id=0)
     assert mb.shared_prefix == 4 and mb.group_B.tolist() == [0, 0]
-    (mb,) = micro_batches(a + b, 8, pad_id=0, by_prompt=True)
-    assert mb.shared_prefix == 3 and mb.group_B.tolist() == [0, 0, 1, 1, 1]  # b, then a
+    (mb,) = micro_batches(a + b, 8, pad_id=0)  # by length: 10 (b), 7 (a), 6 (a), 5 (a), 5 (b)
+    assert mb.shared_prefix == 3 and mb.group_B.tolist() == [0, 1, 1, 1, 0]
 
 
 def randomize_lora(model: torch.nn.Module) -> None:
@@ -64,13 +62,13 @@ def logprobs_and_grads(model, mb, share: bool) -> tuple[torch.Tensor, dict[str, 
 
 
 def test_shared_prompts_give_the_unshared_logprobs_and_gradients(tiny_model_path: Path) -> None:
-    """Two groups in one micro-batch: prompts of 13 and 11 tokens (their first 11 shared by
-    each group's rows, run once a group), completions of different lengths."""
+    """Two groups in one micro-batch: prompts of 11 and 13 tokens (the first 10 run once a
+    group: the 11th predicts the first completion token), completions of different lengths."""
     model, tokenizer = load_policy(tiny_model_path, ARGS)
     randomize_lora(model)
     samples = group(list(range(20, 31)), [4, 9, 1]) + group(list(range(40, 53)), [6, 2], -1.0)
-    (mb,) = micro_batches(samples, 5, tokenizer.pad_token_id or 0, by_prompt=True)
-    assert mb.shared_prefix == 11 and mb.group_B.tolist() == [0, 0, 0, 1, 1]
+    (mb,) = micro_batches(samples, 5, tokenizer.pad_token_id or 0)
+    assert mb.shared_prefix == 11 and mb.group_B.tolist() == [0, 1, 0, 1, 0]  # by length
     widths: list[tuple[int, int]] = []
     embed = model.get_input_embeddings()
     hook = embed.register_forward_hook(lambda _m, inp, _o: widths.append(tuple(inp[0].shape)))
@@ -88,7 +86,7 @@ def test_shared_prompts_give_the_unshared_logprobs_and_gradients(tiny_model_path
 def test_rows_of_different_prompts_only_run_unshared(tiny_model_path: Path) -> None:
     model, _ = load_policy(tiny_model_path, ARGS)
     samples = group([7, 8, 9], [2]) + group([7, 8, 10], [3])
-    (mb,) = micro_batches(samples, 2, 0, by_prompt=True)
+    (mb,) = micro_batches(samples, 2, 0)
     assert mb.group_B.tolist() == [0, 1]  # two groups of one: nothing to share
     widths: list[int] = []
     model.get_input_embeddings().register_forward_hook(
@@ -100,8 +98,8 @@ def test_rows_of_different_prompts_only_run_unshared(tiny_model_path: Path) -> N
 
 @pytest.mark.parametrize("shared", [True, False])
 def test_a_step_is_the_same_with_or_without_sharing(tiny_model_path: Path, shared) -> None:
-    """Two groups, micro-batches of 3 (a group spans two): the optimizer step and its metrics
-    match the unshared, length-bucketed step."""
+    """Two groups, micro-batches of 3 (by length: groups mixed and split): the optimizer step
+    and its metrics match the unshared step."""
     samples = group([9, 8, 7, 6, 5], [3, 6, 2, 5]) + group([9, 8, 4], [7, 1, 4, 2], 2.0)
 
     def step(args: TrainerArgs) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
@@ -133,7 +131,7 @@ def test_a_sliding_window_model_falls_back_to_the_full_forward(tmp_path: Path) -
     samples = group([3, 4, 5, 6, 7, 8], [3, 2], advantage=1.0)
     for s in samples:
         s.input_ids = [i % 64 for i in s.input_ids]
-    (mb,) = micro_batches(samples, 2, 0, by_prompt=True)
+    (mb,) = micro_batches(samples, 2, 0)
     full, _ = token_logprobs(model, mb.input_ids_BT, mb.attention_mask_BT, 1.0, first=5)
     again, _ = token_logprobs(model, mb.input_ids_BT, mb.attention_mask_BT, 1.0, first=5,
                               prefix=mb.shared_prefix, group_B=mb.group_B)

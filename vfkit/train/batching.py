@@ -1,7 +1,9 @@
-"""Samples -> padded micro-batches: by length so padding stays small, or by prompt.
+"""Samples -> padded micro-batches, bucketed by length so padding stays small.
 
-Bucketed by prompt (`by_prompt`), a group's sequences sit side by side, and the tokens they
-share run through the model once (`MicroBatch.shared_prefix`, `group_B`; policy.token_logprobs).
+Rows of one prompt (a group) in a micro-batch share their first tokens, which the learner runs
+once a group (`MicroBatch.shared_prefix`, `group_B`; policy.token_logprobs). Bucketing by
+prompt instead (one group a micro-batch) shares more but pads each group's completions to its
+longest: no faster on exp.toml's batch (RESULTS.md, "A group's prompt runs once").
 
 A vision-language policy's micro-batch also carries its samples' vision inputs (`vision`:
 pixel_values, image_sizes / image_grid_thw, ...), on the same device as the ids.
@@ -49,18 +51,6 @@ def bucket_by_length(samples: list[Sample], micro_batch_size: int) -> list[list[
     order = sorted(range(len(samples)), key=lambda i: (-len(samples[i]), i))
     ordered = [samples[i] for i in order]
     return [ordered[i : i + micro_batch_size] for i in range(0, len(ordered), micro_batch_size)]
-
-
-def bucket_by_prompt(samples: list[Sample], micro_batch_size: int) -> list[list[Sample]]:
-    """Chunks of `micro_batch_size` samples with each prompt's samples (the tokens before the
-    first trained one) side by side: prompts longest sample first, longest first within one."""
-    groups: dict[tuple[int, ...], list[Sample]] = {}
-    for s in samples:
-        groups.setdefault(prompt_of(s), []).append(s)
-    ordered = sorted((sorted(g, key=len, reverse=True) for g in groups.values()),
-                     key=lambda g: len(g[0]), reverse=True)  # stable: ties keep their order
-    flat = [s for g in ordered for s in g]
-    return [flat[i : i + micro_batch_size] for i in range(0, len(flat), micro_batch_size)]
 
 
 def shared_prefixes(rows: list[Sample]) -> tuple[int, list[int]]:
@@ -113,14 +103,12 @@ def collate(samples: list[Sample], pad_id: int, images: ImageInputs | None = Non
 
 def micro_batches(
     samples: list[Sample], micro_batch_size: int, pad_id: int, *, rank: int = 0, world: int = 1,
-    device: torch.device | str = "cpu", images: ImageInputs | None = None, by_prompt: bool = False,
+    device: torch.device | str = "cpu", images: ImageInputs | None = None,
 ) -> list[MicroBatch]:
     """This process's share of the step's micro-batches on `device` (same count on every rank).
 
-    `images`: the VLM policy's image processor (collates the samples' vision inputs).
-    `by_prompt`: one prompt per micro-batch (`bucket_by_prompt`), else bucketed by length."""
-    bucket = bucket_by_prompt if by_prompt else bucket_by_length
-    buckets = bucket(samples, micro_batch_size)
+    `images`: the VLM policy's image processor (collates the samples' vision inputs)."""
+    buckets = bucket_by_length(samples, micro_batch_size)
     while len(buckets) % world:  # DDP needs equal backward counts: repeat with zero loss mask
         buckets.append([_without_loss(s) for s in buckets[-1]])
     return [collate(b, pad_id, images).to(device) for b in buckets[rank::world]]

@@ -124,7 +124,7 @@ def policy_update(
     batches = micro_batches(
         samples, args.micro_batch_size, pad_id,
         rank=accelerator.process_index, world=accelerator.num_processes,
-        device=accelerator.device, images=images, by_prompt=shares_prompts(args),
+        device=accelerator.device, images=images,
     )
     model.train()
     stats, loss_sum = TokenStats(), 0.0
