@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import httpx
-import openai
 import pytest
 import torch
 
@@ -80,66 +78,3 @@ def test_threads_stay_fixed_when_the_user_pins_them_or_the_server_is_remote(
     remote = _learner(tiny_model_path, tmp_path / "r", monkeypatch,
                       'inference.base_url="http://10.0.0.7:8000/v1"')
     assert remote.cores is None  # the server's cores are not ours to take
-
-
-def _stats_threads(server) -> int:
-    """The threads the server's worker applied: it applies them on its next step with work."""
-    client = openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0)
-    client.completions.create(model="tiny", prompt="ab", max_tokens=1)
-    return httpx.get(server.base_url.removesuffix("/v1") + "/stats").json()["threads"]
-
-
-def test_server_takes_the_threads_it_is_told_and_refuses_nonsense(tiny_server) -> None:
-    root = tiny_server.base_url.removesuffix("/v1")
-    assert _stats_threads(tiny_server) == 1  # as started
-    assert httpx.post(f"{root}/threads", json={"threads": 2}).json() == {"threads": 2}
-    assert _stats_threads(tiny_server) == 2
-    for bad in ({"threads": 0}, {"threads": "many"}, {}):
-        reply = httpx.post(f"{root}/threads", json=bad)
-        assert reply.status_code == 400 and "threads" in reply.text, bad
-    httpx.post(f"{root}/threads", json={"threads": 1}).raise_for_status()
-    assert _stats_threads(tiny_server) == 1
-
-
-def test_learner_lends_the_server_every_core_while_it_waits(
-    tiny_model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_server
-) -> None:
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.setattr(os, "cpu_count", lambda: 4)  # split: 2 for the server, 2 for us
-    learner = _learner(tiny_model_path, tmp_path, monkeypatch)
-    learner.lend_cores_to(tiny_server.base_url)
-    assert learner.server_threads is not None
-    during: list[int | None] = []
-    learner.share_cores_with(lambda: during.append(learner.server_threads.current) or True)
-    learner.update(_samples())
-    assert during == [2, 2]  # both micro-batches: the server on its share
-    assert learner.server_threads.current == 4  # waiting for the next batch: every core
-    assert _stats_threads(tiny_server) == 4
-    httpx.post(tiny_server.base_url.removesuffix("/v1") + "/threads", json={"threads": 1})
-
-
-def test_a_server_that_does_not_answer_leaves_the_run_going(
-    tiny_model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
-) -> None:
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.setattr(os, "cpu_count", lambda: 4)
-    learner = _learner(tiny_model_path, tmp_path, monkeypatch)
-    learner.lend_cores_to("http://127.0.0.1:9/v1")  # nothing listens on port 9
-    for _ in range(2):
-        assert learner.update(_samples())["grad_norm"] > 0
-    assert learner.server_threads.failures == 4 and learner.server_threads.current is None
-    assert capsys.readouterr().err.count("could not set the server's CPU threads") == 1
-
-
-def test_a_server_with_pinned_threads_or_a_base_url_is_left_alone(
-    tiny_model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.setattr(os, "cpu_count", lambda: 4)
-    pinned = _learner(tiny_model_path, tmp_path, monkeypatch, "inference.args.threads=2")
-    given = _learner(tiny_model_path, tmp_path / "g", monkeypatch,
-                     'inference.base_url="http://127.0.0.1:8000/v1"')
-    for learner in (pinned, given):
-        assert learner.cores is not None  # the trainer's own share still follows the work
-        learner.lend_cores_to("http://127.0.0.1:9/v1")
-        assert learner.server_threads is None

@@ -38,7 +38,6 @@ from vfkit.serve.protocol import (
     ChatRequest,
     CompletionRequest,
     LoadLoraRequest,
-    ThreadsRequest,
     UnloadLoraRequest,
     sampling_params,
 )
@@ -248,13 +247,6 @@ def create_app(engine: Engine, config: ServeConfig) -> FastAPI:
         paths = {f"forwards_{k}": v for k, v in engine.lora.path_counts.items()}
         graphs = {"graph_error": engine.decoder.error} if engine.decoder is not None else {}
         return {**dataclasses.asdict(engine.stats), **engine.load(), **paths, **graphs}
-
-    @app.post("/threads")
-    async def threads(req: ThreadsRequest) -> dict[str, int]:
-        """CPU threads for generation from the worker's next step on (vf-serve's own route:
-        vf-train gives a server on its CPU every core while the trainer waits for a batch)."""
-        engine.threads = req.threads
-        return {"threads": req.threads}
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

@@ -184,6 +184,8 @@ class Engine:
                 op.future.set_exception(RuntimeError(f"generation worker stopped: {reason!r}"))
 
     def _serve(self) -> None:
+        if self.threads:
+            torch.set_num_threads(self.threads)
         with torch.inference_mode():
             while True:
                 with self._wake:
@@ -191,9 +193,6 @@ class Engine:
                         self._wake.wait()
                     if self._stopping:
                         return
-                if self.threads and self.stats.threads != self.threads:  # (POST /threads)
-                    torch.set_num_threads(self.threads)  # on this thread: torch's is per thread
-                    self.stats.threads = self.threads
                 start = time.perf_counter()
                 self._run_ops()
                 self._admit()

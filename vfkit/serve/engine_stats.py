@@ -9,7 +9,6 @@ from dataclasses import dataclass
 class EngineStats:
     """Cumulative counters (seconds, steps, tokens) since start; GET /stats shows them."""
 
-    threads: int = 0  # CPU threads the worker set for itself last (0: torch's default)
     busy_s: float = 0.0  # worker iterations with work, all included
     prefill_s: float = 0.0  # prompt forwards
     decode_s: float = 0.0  # one-token forwards

@@ -165,12 +165,6 @@ class LoadLoraRequest(RequestBody):
     load_inplace: bool = False
 
 
-class ThreadsRequest(RequestBody):
-    """POST /threads (vf-serve's own): the generation worker's CPU threads from its next step."""
-
-    threads: int = Field(ge=1, le=4096)
-
-
 class UnloadLoraRequest(RequestBody):
     """POST /v1/unload_lora_adapter."""
 

@@ -25,7 +25,7 @@ from vfkit.precision import SLOW_BF16, bf16_emulated, resolve_bf16
 from vfkit.train import checkpoint
 from vfkit.train.adapter_sync import Probe
 from vfkit.train.config import RunConfig, TrainerArgs
-from vfkit.train.cores import CoreShare, ServerThreads
+from vfkit.train.cores import CoreShare
 from vfkit.train.placement import cpu_threads, trainer_on_cpu
 from vfkit.train.policy import load_policy, probe_logprobs, resolve_model_dir, save_adapter
 from vfkit.train.rundir import RunDir, writing
@@ -95,10 +95,6 @@ class Learner:
         if split and "OMP_NUM_THREADS" not in os.environ:
             torch.set_num_threads(split[1])  # the other cores serve rollouts
             self.cores = CoreShare(share=split[1], total=max(split[1], os.cpu_count() or 1))
-        # the server's threads follow the trainer's work unless [inference.args] pins them
-        ours = self.cores and not cfg.inference.base_url and "threads" not in cfg.inference.args
-        self._server_share = split[0] if ours else 0  # a server vf-train starts, threads unset
-        self.server_threads: ServerThreads | None = None
         self._threads_used: list[int] = []
         model, self.processor = load_policy(resolve_model_dir(cfg.model), args)
         self.tokenizer = text_tokenizer(self.processor)
@@ -133,26 +129,13 @@ class Learner:
         if self.cores is not None:
             self.cores.generating = generating
 
-    def lend_cores_to(self, base_url: str, api_key: str | None = None) -> None:
-        """A builtin server at `base_url` on this CPU takes every core while we wait for a batch
-        (`cores.ServerThreads`); nothing when the threads are fixed (GPU, remote, pinned)."""
-        if self._server_share and self.cores is not None:
-            url = base_url.rstrip("/").removesuffix("/v1")
-            self.server_threads = ServerThreads(url, self._server_share, self.cores.total, api_key)
-
     def _update(self, samples: list[Sample]) -> dict[str, float]:
         self._threads_used.clear()
-        if self.server_threads is not None:
-            self.server_threads.training(True)
-        try:
-            metrics = policy_update(
-                self.model, self.optimizer, self.scheduler, self.accelerator, samples,
-                self.args, self.pad_id, self.autocast, self.images,
-                before_micro_batch=self._fit_threads,
-            )
-        finally:
-            if self.server_threads is not None:
-                self.server_threads.training(False)
+        metrics = policy_update(
+            self.model, self.optimizer, self.scheduler, self.accelerator, samples,
+            self.args, self.pad_id, self.autocast, self.images,
+            before_micro_batch=self._fit_threads,
+        )
         if self.cores is not None:  # a step whose groups were all filtered ran no micro-batch
             used = self._threads_used or [torch.get_num_threads()]
             metrics["cpu/trainer_threads"] = sum(used) / len(used)

@@ -89,7 +89,6 @@ def _train(
                         cfg, eval_env, learner.processor),
                 ) as orch,
             ):
-                learner.lend_cores_to(server.base_url, cfg.inference.api_key)
                 run_loop(orch, learner, log, a, state, stop)
     finally:
         learner.release_followers()
