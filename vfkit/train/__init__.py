@@ -8,7 +8,7 @@ In data-path order:
     phases.py         what vf-train runs: train, --phase rollout, --phase update (the wiring)
     rundir.py         every path under outputs/<run>/ and the adapter names, both ways
     placement.py      server backend, GPU ids, CPU thread split, server flags
-    cores.py          CPU threads follow the work: trainer and local server lend each other cores
+    cores.py          the trainer takes every CPU core while nothing is generating
     orchestrator.py   live batches: rollouts in their own thread; policy versions; eval
     batches.py        the BatchSource protocol; SavedBatches for --phase update
     data.py           which prompts each step uses (seeded, resumable); rollouts files
