@@ -64,6 +64,8 @@ STATIC_CASES = [
     ("epsilon-above-1", "[trainer.args]\nepsilon = 1.5\n", ["epsilon", "less than"]),
     ("warmup-past-end", '[trainer.args]\nmax_steps = 5\nwarmup_steps = 5\n'
      'lr_scheduler_type = "linear"\n', ["x.toml:6", "warmup_steps", "max_steps=5"]),
+    ("warmup-without-schedule", "[trainer.args]\nwarmup_steps = 3\n",
+     ["x.toml:5", "warmup_steps", '"constant_with_warmup"']),
     ("gpu-share-above-1", "[inference.args]\ngpu_memory_utilization = 1.5\n",
      ["gpu_memory_utilization", "(0, 1]"]),
     ("output-dir-blank", '[trainer.args]\noutput_dir = " "\n', ["output_dir", "is empty"]),

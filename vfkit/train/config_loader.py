@@ -112,7 +112,13 @@ def check_combinations(cfg: RunConfig, source: ConfigSource | None = None) -> No
             (*key, "max_prompt_len"),
             f"{a.max_prompt_len} leaves no room for a completion in max_seq_len={a.max_seq_len}",
         )
-    if a.warmup_steps >= a.max_steps and a.lr_scheduler_type != "constant":
+    if a.warmup_steps and a.lr_scheduler_type == "constant":  # transformers' never warms up
+        raise source.error(
+            (*key, "warmup_steps"),
+            f'{a.warmup_steps} has no effect with lr_scheduler_type = "constant"; use '
+            '"constant_with_warmup" (or another schedule), or set warmup_steps = 0',
+        )
+    if a.warmup_steps >= a.max_steps:
         raise source.error(
             (*key, "warmup_steps"),
             f"{a.warmup_steps} is not below max_steps={a.max_steps}: the learning rate would "
