@@ -49,7 +49,7 @@ def micro_batch_loss(
     """The loss of one micro-batch (normalized for the whole step); records token stats."""
     loss_mask_BT = mb.loss_mask_BT[:, 1:]
     first = first_position(loss_mask_BT)  # logits before the first trained token: not needed
-    prefix = mb.shared_prefix if shares_prompts(args) else 0
+    prefix = mb.shared_prefix if shares_prompts(args, model) else 0
     logprobs_BT, entropy_BT = token_logprobs(
         model, mb.input_ids_BT, mb.attention_mask_BT, args.temperature, with_entropy=True,
         vision=mb.vision, first=first, prefix=prefix, group_B=mb.group_B,
@@ -97,10 +97,13 @@ def micro_batch_loss(
     return out.loss
 
 
-def shares_prompts(args: TrainerArgs) -> bool:
+def shares_prompts(args: TrainerArgs, model: torch.nn.Module) -> bool:
     """Whether a group's prompt runs once per micro-batch (`shared_prompt_forward`): not under
-    gradient checkpointing, whose recomputed forward would extend the shared keys again."""
-    return args.shared_prompt_forward and not args.gradient_checkpointing
+    gradient checkpointing, whose recomputed forward would extend the shared keys again, and
+    not under DDP, whose every forward is a collective (buffer broadcast): ranks whose
+    micro-batches share differently would make different numbers of forwards and hang."""
+    ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
+    return args.shared_prompt_forward and not args.gradient_checkpointing and not ddp
 
 
 def policy_update(
