@@ -199,7 +199,8 @@ class TrainerArgs(Section):
     """Recompute activations in backward to save memory."""
     shared_prompt_forward: bool = True
     """Run a group's prompt through the model once per micro-batch, its keys/values shared by
-    the group's completions (same logprobs and gradients; not with gradient checkpointing)."""
+    the group's completions (same logprobs and gradients; not with gradient checkpointing,
+    nor yet with several trainer processes)."""
     # --- LoRA
     use_lora: bool = True
     """Train a LoRA adapter (the only mode: adapters are what the server hot-loads)."""
