@@ -198,9 +198,8 @@ class TrainerArgs(Section):
     gradient_checkpointing: bool = False
     """Recompute activations in backward to save memory."""
     shared_prompt_forward: bool = True
-    """Run a group's prompt through the model once per micro-batch, its keys/values shared by
-    the group's completions (same logprobs and gradients; not with gradient checkpointing,
-    nor yet with several trainer processes)."""
+    """A group's prompt runs once a micro-batch, its keys/values shared by its completions (same
+    gradients; off with gradient checkpointing or several trainer processes: update.py)."""
     # --- LoRA
     use_lora: bool = True
     """Train a LoRA adapter (the only mode: adapters are what the server hot-loads)."""
