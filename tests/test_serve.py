@@ -201,6 +201,25 @@ def test_n_and_top_logprobs(client, ref):
     assert entry.bytes == list(entry.token.encode())
 
 
+def test_equal_prompts_prefill_once_and_sample_as_if_alone(tiny_server, client, ref):
+    """n=4 of one prompt: one row's prefill is copied to the other three (GET /stats), and
+    each copy samples what a request of its own with its seed samples, exactly scored."""
+    stats_url = tiny_server.base_url[: -len("/v1")] + "/stats"
+    before = httpx.get(stats_url).json()
+    together = chat(client, n=4, seed=11, max_tokens=8, extra_body={"ignore_eos": True})
+    after = httpx.get(stats_url).json()
+    prompt_ids = together.prompt_token_ids
+    assert after["prefill_shared"] - before["prefill_shared"] == 3
+    assert after["prefill_tokens"] - before["prefill_tokens"] == len(prompt_ids)
+    assert len({tuple(c.token_ids) for c in together.choices}) > 1
+    for i, choice in enumerate(together.choices):  # sample i of seed s draws from seed s + i
+        alone = chat(client, seed=11 + i, max_tokens=8, extra_body={"ignore_eos": True})
+        assert sampled(alone)[1] == choice.token_ids
+        want = ref.logprobs(prompt_ids, choice.token_ids)
+        got = torch.tensor([e.logprob for e in choice.logprobs.content])
+        assert (got - want).abs().max() < 1e-3
+
+
 def test_completions_prompt_forms(client, ref):
     text = client.completions.create(
         model=MODEL, prompt="hello", max_tokens=4, logprobs=2, temperature=0.5,

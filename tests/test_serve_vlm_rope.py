@@ -136,6 +136,7 @@ def test_mrope_prefill_and_decode_match_full_forward(qwen_vl):
     finally:
         engine.stop()
     assert (engine.stats.prefills, engine.stats.admitted) == (2, 3)  # image pair, then text
+    assert engine.stats.prefill_shared == 1  # the pair's prompt (and image) ran once
     *image_seqs, text_seq = seqs
     assert image_seqs[0].output_ids != image_seqs[1].output_ids  # two samples, two paths
     # image rows take max(h, w) / 2 = 4 positions for 16 tokens: decode continues 12 lower

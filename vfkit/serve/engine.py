@@ -27,6 +27,7 @@ from vfkit.serve.errors import APIError
 from vfkit.serve.graphs import StaticDecoder
 from vfkit.serve.kv_cache import BatchCache
 from vfkit.serve.lora import LoraManager
+from vfkit.serve.prefill import plan_prefill, prompt_key
 from vfkit.serve.sampling import RowInput, StepOutput, sample_step
 from vfkit.serve.sequence import SamplingParams, Sequence
 from vfkit.serve.vision import VisionPrefill
@@ -235,7 +236,7 @@ class Engine:
             return
         new: list[Sequence] = []
         adapters = {s.adapter for s in self._batch.rows}
-        longest = 0
+        longest, prompts = 0, set()  # the forward runs each distinct prompt once (prefill.py)
         with self._wake:
             while self._waiting and len(self._batch.rows) + len(new) < self.max_batch:
                 seq = self._waiting[0]
@@ -245,12 +246,13 @@ class Engine:
                 if new and seq.vision is not new[0].vision:
                     break  # an image prompt (its n samples) is prefilled on its own
                 longest_after = max(longest, len(seq.prompt_ids))
-                if new and longest_after * (len(new) + 1) > self.max_prefill_tokens:
+                prompts_after = prompts | {prompt_key(seq)}
+                if new and longest_after * len(prompts_after) > self.max_prefill_tokens:
                     break
                 if seq.adapter not in adapters and len(adapters - {None}) >= self.max_loras:
                     break
                 adapters.add(seq.adapter)
-                longest = longest_after
+                longest, prompts = longest_after, prompts_after
                 new.append(self._waiting.popleft())
         if new:
             self._guarded(lambda: self._prefill(new), new)
@@ -270,25 +272,22 @@ class Engine:
         return time.monotonic() - self._waiting[0].queued_at >= window
 
     def _prefill(self, new: list[Sequence]) -> None:
-        width = max(len(s.prompt_ids) for s in new)
-        ids = torch.full((len(new), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(new), width), dtype=torch.long)
-        for i, s in enumerate(new):
-            ids[i, width - len(s.prompt_ids) :] = torch.tensor(s.prompt_ids)
-            mask[i, width - len(s.prompt_ids) :] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        next_positions = torch.tensor([len(s.prompt_ids) for s in new])
-        vision = {}
+        plan = plan_prefill(new, self.pad_id)  # each distinct prompt once (prefill.py)
+        ids, mask = plan.ids, plan.mask
+        positions, next_positions, vision = plan.positions, plan.next_positions(), {}
         if new[0].vision is not None:  # copies of one prompt (see _admit): no padding
             positions, next_positions = self.vision.positions(new[0].vision, ids, mask)
-            vision = self.vision.forward_inputs(new[0].vision, copies=len(new))
+            vision = self.vision.forward_inputs(new[0].vision, copies=len(plan.distinct))
         cache = BatchCache()
         start = time.perf_counter()
-        logits = self._forward([s.adapter for s in new], ids, mask, positions, cache, **vision)
+        adapters = [s.adapter for s in plan.distinct]
+        logits = self._forward(adapters, ids, mask, positions, cache, **vision)
+        logits, mask, next_positions = plan.expand(cache, logits, mask, next_positions)
         for seq in new:
             seq.vision = None  # in the KV cache now: the pixels need not live while it decodes
         self.stats.prefill_s += time.perf_counter() - start
-        self.stats.prefill_tokens += int(mask.sum())
+        self.stats.prefill_tokens += int(plan.mask.sum())
+        self.stats.prefill_shared += plan.shared
         self.stats.prefills += 1
         self.stats.admitted += len(new)
         now = time.monotonic()

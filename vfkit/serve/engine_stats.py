@@ -13,7 +13,8 @@ class EngineStats:
     prefill_s: float = 0.0  # prompt forwards
     decode_s: float = 0.0  # one-token forwards
     sample_s: float = 0.0  # logits -> tokens and logprobs
-    prefill_tokens: int = 0
+    prefill_tokens: int = 0  # prompt tokens forwarded (each distinct prompt of a prefill once)
+    prefill_shared: int = 0  # admitted rows whose equal prompt another row's forward computed
     prefills: int = 0  # prefill forwards (groups of admitted sequences)
     admitted: int = 0  # sequences prefilled (each samples its first token there)
     queue_wait_s: float = 0.0  # summed over sequences: submit -> end of its prefill
