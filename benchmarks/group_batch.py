@@ -46,6 +46,8 @@ async def one_batch(http: httpx.AsyncClient, prompts: list, args: argparse.Names
         "prefills": d["prefills"],
         "decode_s": round(d["decode_s"], 2),
         "decode_steps": d["decode_steps"],
+        "decode_rows": d["decode_rows"],
+        "decode_slots": d["decode_slots"],
         "sample_s": round(d["sample_s"], 2),
     }
 

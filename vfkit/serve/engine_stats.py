@@ -19,7 +19,8 @@ class EngineStats:
     admitted: int = 0  # sequences prefilled (each samples its first token there)
     queue_wait_s: float = 0.0  # summed over sequences: submit -> end of its prefill
     decode_steps: int = 0
-    decode_rows: int = 0  # sum of batch sizes over decode steps
+    decode_rows: int = 0  # sum of live rows over decode steps
+    decode_slots: int = 0  # sum of rows computed (live + finished, not yet compacted away)
     graph_replays: int = 0  # decode steps replayed from a CUDA graph (graphs.py)
     graph_captures: int = 0  # graphs captured (first use of a shape/adapter, or stale)
     finished: int = 0
