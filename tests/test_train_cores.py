@@ -57,11 +57,12 @@ def test_learner_switches_threads_per_micro_batch_with_the_generation_state(
     monkeypatch.setattr(os, "cpu_count", lambda: 4)  # split: 2 for the server, 2 for us
     learner = _learner(tiny_model_path, tmp_path, monkeypatch)
     assert learner.cores is not None and (learner.cores.share, learner.cores.total) == (2, 4)
-    # generation finishes after the first of the two micro-batches (4 samples each)
-    calls = iter([True, False, False, False])
+    # three pieces of work: the step's prompts once, then two micro-batches (4 samples each);
+    # generation finishes after the first micro-batch
+    calls = iter([True, True, False, False, False])
     learner.share_cores_with(lambda: next(calls))
     metrics = learner.update(_samples())
-    assert metrics["cpu/trainer_threads"] == pytest.approx((2 + 4) / 2)
+    assert metrics["cpu/trainer_threads"] == pytest.approx((2 + 2 + 4) / 3)
     learner.share_cores_with(lambda: False)
     assert learner.update(_samples())["cpu/trainer_threads"] == 4
 

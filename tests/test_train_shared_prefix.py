@@ -11,7 +11,7 @@ from accelerate import Accelerator
 from transformers import MistralConfig, MistralForCausalLM, get_scheduler
 
 from vfkit.train import policy
-from vfkit.train.batching import common_prefix, micro_batches
+from vfkit.train.batching import common_prefix, micro_batches, step_prompts
 from vfkit.train.config import TrainerArgs
 from vfkit.train.learner import build_optimizer
 from vfkit.train.policy import first_position, load_policy, token_logprobs
@@ -118,6 +118,41 @@ def test_a_step_is_the_same_with_or_without_sharing(tiny_model_path: Path, share
     for key in ("loss", "grad_norm", "entropy", "ratio/mean"):
         assert other[key] == pytest.approx(base[key], rel=1e-4, abs=1e-6), key
     assert max((params[n] - p).abs().max().item() for n, p in base_params.items()) < 1e-6
+
+
+def test_a_step_runs_each_prompt_once_for_all_its_micro_batches(tiny_model_path: Path) -> None:
+    """Two prompts (7 and 5 tokens) in micro-batches of 3: one forward of both prompts up to
+    the shorter one's last token, then each micro-batch's rest of its rows; the LoRA gradients
+    (through the prompts too) equal the unshared step's."""
+    samples = group(list(range(30, 37)), [3, 6, 2, 5]) + group([30, 31, 32, 33, 9], [7, 1])
+    prompts = step_prompts(samples)
+    assert prompts is not None  # 4 tokens each: the 5th predicts the shorter one's first
+    assert prompts.ids_GP.tolist() == [[30, 31, 32, 33]] * 2
+
+    def grads(args: TrainerArgs) -> tuple[list[tuple[int, int]], dict[str, torch.Tensor]]:
+        model, _ = load_policy(tiny_model_path, args)
+        randomize_lora(model)
+        widths: list[tuple[int, int]] = []
+        model.get_input_embeddings().register_forward_hook(
+            lambda _m, inp, _o: widths.append(tuple(inp[0].shape)))
+        captured: dict[str, torch.Tensor] = {}  # each gradient after its last accumulation
+        for name, param in model.named_parameters():
+            if param.requires_grad:
+                param.register_post_accumulate_grad_hook(
+                    lambda p, n=name: captured.__setitem__(n, p.grad.clone()))
+        optimizer = build_optimizer(model, args)
+        policy_update(model, optimizer, get_scheduler("constant", optimizer), Accelerator(cpu=True),
+                      samples, args, 0)  # fmt: skip
+        return widths, captured
+
+    args = ARGS.model_copy(update={"micro_batch_size": 3})
+    shared_widths, shared = grads(args)
+    full_widths, full = grads(args.model_copy(update={"shared_prompt_forward": False}))
+    assert shared_widths[0] == (2, 4)
+    assert [w for _, w in shared_widths[1:]] == [w - 4 for _, w in full_widths]
+    assert len(full) == len(shared) > 0
+    assert max((shared[n] - g).abs().max().item() for n, g in full.items()) < 1e-5
+    assert min(g.abs().sum().item() for g in full.values()) > 0
 
 
 def test_a_sliding_window_model_falls_back_to_the_full_forward(tmp_path: Path) -> None:

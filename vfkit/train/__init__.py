@@ -14,7 +14,7 @@ In data-path order:
     data.py           which prompts each step uses (seeded, resumable); rollouts files
     advantages.py     the trainer's use of vfkit/advantage.py; zero-signal filtering
     samples.py        states -> token sequences + loss masks (server ids, never re-tokenized)
-    batching.py       padded micro-batches by prompt (shared tokens run once) or by length
+    batching.py       padded micro-batches by length (each prompt's tokens run once a step)
     losses/           grpo, dr_grpo, dapo, cispo: pure tensor functions
     update.py         one optimizer step over micro-batches (token stats for metrics)
     policy.py, learner.py   PEFT LoRA on Accelerate; adapter files; probe logprobs

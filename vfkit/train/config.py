@@ -198,8 +198,8 @@ class TrainerArgs(Section):
     gradient_checkpointing: bool = False
     """Recompute activations in backward to save memory."""
     shared_prompt_forward: bool = True
-    """A group's prompt runs once a micro-batch, its keys/values shared by its completions (same
-    gradients; off with gradient checkpointing or several trainer processes: update.py)."""
+    """Each prompt runs once a step, its keys/values shared by its completions (same gradients;
+    off with gradient checkpointing or several trainer processes: update.py, policy.py)."""
     # --- LoRA
     use_lora: bool = True
     """Train a LoRA adapter (the only mode: adapters are what the server hot-loads)."""

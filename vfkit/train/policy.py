@@ -14,6 +14,7 @@ import functools
 import inspect
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,7 @@ def token_logprobs(
     first: int = 0,
     prefix: int = 0,
     group_B: torch.Tensor | None = None,
+    cache: Any = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprob of each next token (B × T-1) at the sampling temperature, and its entropy.
 
@@ -128,13 +130,17 @@ def token_logprobs(
     `prefix` tokens (a group's prompt): those run through the model once a group, and their
     keys and values serve each of its rows (`shared_prefix`); only up to `first`, whose logits
     are read. Gradients flow through the shared keys/values.
+    `cache`: the rows' first tokens' keys/values, computed once for the step
+    (`StepPrefix.cache_for`); used where those tokens end before `first`, instead of `prefix`.
     `vision`: a VLM micro-batch's image inputs (pixel_values, ...), passed on to the forward.
     """
     first = first if first > 0 and keeps_logits(model) else 0
-    prefix = min(prefix, first)
+    if cache is not None and not 0 < cache.get_seq_length() <= first:
+        cache = None  # a logit it would skip is read: the rows run whole
+    prefix = min(prefix, first) if cache is None else 0
     share = prefix > 0 and not vision and group_B is not None
     share = share and int(group_B.max()) + 1 < len(group_B)  # fewer groups than rows
-    cache = shared_prefix(model, input_ids_BT[:, :prefix], group_B) if share else None
+    cache = shared_prefix(model, input_ids_BT[:, :prefix], group_B) if share else cache
     start = cache.get_seq_length() if cache is not None else 0
     keep = {"logits_to_keep": input_ids_BT.shape[1] - first} if first else {}
     logits_BTV = model(
@@ -158,20 +164,65 @@ def shared_prefix(model: torch.nn.Module, prefix_BP: torch.Tensor, group_B: torc
     (a transformers DynamicCache), or None where the model cannot share them: its forward keeps
     no cache (as under gradient checkpointing), or its cache is not plain full attention
     (sliding windows, recurrent state), which a shared prefix would not reproduce exactly."""
+    groups = int(group_B.max()) + 1
+    first_row_G = torch.stack([(group_B == g).nonzero()[0, 0] for g in range(groups)])
+    cache = _prefix_cache(model, prefix_BP[first_row_G])
+    if cache is not None:
+        cache.batch_select_indices(group_B)  # row b: its group's keys/values
+    return cache
+
+
+@dataclass
+class StepPrefix:
+    """Each distinct prompt of a step run once for all its micro-batches (`step_prefix`).
+
+    A micro-batch reads its rows' copies of detached leaves (`cache_for`), so its backward
+    stops at them and sums their gradients; `backward()` then sends the sums once through the
+    prompts' forward, after the last micro-batch and before the optimizer step.
+    """
+
+    outputs: list[torch.Tensor]  # every layer's keys, then values, in the prompts' graph
+    leaves: list[torch.Tensor]  # the same tensors, detached, collecting gradients
+
+    def cache_for(self, prompt_B: torch.Tensor) -> Any:
+        """A transformers DynamicCache holding row b's prompt (`prompt_B[b]`) keys/values."""
+        from transformers.cache_utils import DynamicCache
+
+        half = len(self.leaves) // 2
+        pairs = zip(self.leaves[:half], self.leaves[half:], strict=True)
+        return DynamicCache(ddp_cache_data=[(k[prompt_B], v[prompt_B]) for k, v in pairs])
+
+    def backward(self) -> None:
+        pairs = [(out, leaf.grad) for out, leaf in zip(self.outputs, self.leaves, strict=True)
+                 if leaf.grad is not None]  # fmt: skip
+        if pairs:
+            torch.autograd.backward([out for out, _ in pairs], [grad for _, grad in pairs])
+
+
+def step_prefix(model: torch.nn.Module, prompts_GP: torch.Tensor) -> StepPrefix | None:
+    """Run the step's prompts (one row each) once; None where the model cannot share them
+    (see `shared_prefix`) or its forward cannot skip the prompt's logits."""
+    cache = _prefix_cache(model, prompts_GP) if keeps_logits(model) else None
+    if cache is None:
+        return None
+    outputs = [layer.keys for layer in cache.layers] + [layer.values for layer in cache.layers]
+    return StepPrefix(outputs, [t.detach().requires_grad_() for t in outputs])
+
+
+def _prefix_cache(model: torch.nn.Module, prefix_GP: torch.Tensor) -> Any:
+    """The keys/values of `prefix_GP`'s rows as a DynamicCache of plain full-attention layers,
+    or None (found out once per model class: not asked again)."""
     from transformers.cache_utils import DynamicLayer
 
     if _no_shared_prefix(model):
         return None
-    groups = int(group_B.max()) + 1
-    first_row_G = torch.stack([(group_B == g).nonzero()[0, 0] for g in range(groups)])
-    out = model(input_ids=prefix_BP[first_row_G], use_cache=True, logits_to_keep=1)
+    out = model(input_ids=prefix_GP, use_cache=True, logits_to_keep=1)
     cache = getattr(out, cache_key(model), None)
     if cache is None:
         return None
     if any(type(layer) is not DynamicLayer for layer in getattr(cache, "layers", [None])):
-        _NO_SHARED_PREFIX.add(type(_inner(model)))  # found out once: not asked again
+        _NO_SHARED_PREFIX.add(type(_inner(model)))
         return None
-    cache.batch_select_indices(group_B)  # row b: its group's keys/values
     return cache
 
 

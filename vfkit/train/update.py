@@ -14,10 +14,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vfkit.train.batching import MicroBatch, micro_batches
+from vfkit.train.batching import MicroBatch, micro_batches, step_prompts
 from vfkit.train.config import TrainerArgs
 from vfkit.train.losses import LOSSES, LossInputs
-from vfkit.train.policy import base_logprobs, first_position, token_logprobs
+from vfkit.train.policy import (
+    StepPrefix,
+    base_logprobs,
+    first_position,
+    step_prefix,
+    token_logprobs,
+)
 from vfkit.train.samples import Sample
 from vfkit.train.vision import ImageInputs
 
@@ -44,15 +50,17 @@ class TokenStats:
 
 def micro_batch_loss(
     model: torch.nn.Module, mb: MicroBatch, args: TrainerArgs, totals: tuple[int, int],
-    stats: TokenStats,
+    stats: TokenStats, prompts: StepPrefix | None = None,
 ) -> torch.Tensor:
-    """The loss of one micro-batch (normalized for the whole step); records token stats."""
+    """The loss of one micro-batch (normalized for the whole step); records token stats.
+    `prompts`: the step's prompts, run once (else a group's prompt runs once here, if shared)."""
     loss_mask_BT = mb.loss_mask_BT[:, 1:]
     first = first_position(loss_mask_BT)  # logits before the first trained token: not needed
     prefix = mb.shared_prefix if shares_prompts(args, model) else 0
+    cache = prompts.cache_for(mb.step_group_B) if prompts is not None else None
     logprobs_BT, entropy_BT = token_logprobs(
         model, mb.input_ids_BT, mb.attention_mask_BT, args.temperature, with_entropy=True,
-        vision=mb.vision, first=first, prefix=prefix, group_B=mb.group_B,
+        vision=mb.vision, first=first, prefix=prefix, group_B=mb.group_B, cache=cache,
     )
     sampling_BT = mb.sampling_logprobs_BT[:, 1:]
     log_ratio_BT = (logprobs_BT.detach() - sampling_BT) * loss_mask_BT
@@ -124,23 +132,31 @@ def policy_update(
     `before_micro_batch` runs before each forward (the learner fits its CPU threads there).
     """
     totals = (sum(s.num_loss_tokens for s in samples), len(samples))
+    once = shares_prompts(args, model) and images is None
+    prompts = step_prompts(samples) if once else None
     batches = micro_batches(
         samples, args.micro_batch_size, pad_id,
         rank=accelerator.process_index, world=accelerator.num_processes,
-        device=accelerator.device, images=images,
+        device=accelerator.device, images=images, prompts=prompts,
     )
     model.train()
-    stats, loss_sum = TokenStats(), 0.0
+    stats, loss_sum, prefix = TokenStats(), 0.0, None
+    if prompts is not None and batches:  # each prompt once for the whole step
+        before_micro_batch()
+        with autocast():
+            prefix = step_prefix(model, prompts.ids_GP.to(accelerator.device))
     for i, mb in enumerate(batches):
         last = i == len(batches) - 1
         before_micro_batch()
         sync = contextlib.nullcontext() if last else accelerator.no_sync(model)
         with sync:
             with autocast():  # forward in bf16 when asked; backward outside autocast
-                loss = micro_batch_loss(model, mb, args, totals, stats)
+                loss = micro_batch_loss(model, mb, args, totals, stats, prefix)
             # each rank's loss is its share of the step's sum; DDP averages gradients over ranks
             accelerator.backward(loss * accelerator.num_processes)
         loss_sum += float(loss.detach())
+    if prefix is not None:  # the prompts' share of the gradient, summed over micro-batches
+        prefix.backward()
     lr = scheduler.get_last_lr()[0]
     grad_norm = 0.0
     if batches:  # a step whose groups were all filtered changes nothing (but the schedule moves)
