@@ -178,22 +178,25 @@ class StepPrefix:
 
     A micro-batch reads its rows' copies of detached leaves (`cache_for`), so its backward
     stops at them and sums their gradients; `backward()` then sends the sums once through the
-    prompts' forward, after the last micro-batch and before the optimizer step.
+    prompts' forward, after the last micro-batch and before the optimizer step. The leaves
+    are fp32 (a copy only under bf16 autocast), so the sums are not rounded to bf16.
     """
 
     outputs: list[torch.Tensor]  # every layer's keys, then values, in the prompts' graph
-    leaves: list[torch.Tensor]  # the same tensors, detached, collecting gradients
+    leaves: list[torch.Tensor]  # the same tensors, detached, in fp32, collecting gradients
 
     def cache_for(self, prompt_B: torch.Tensor) -> Any:
         """A transformers DynamicCache holding row b's prompt (`prompt_B[b]`) keys/values."""
         from transformers.cache_utils import DynamicCache
 
-        half = len(self.leaves) // 2
-        pairs = zip(self.leaves[:half], self.leaves[half:], strict=True)
-        return DynamicCache(ddp_cache_data=[(k[prompt_B], v[prompt_B]) for k, v in pairs])
+        pairs = zip(self.leaves, self.outputs, strict=True)
+        rows = [leaf[prompt_B].to(out.dtype) for leaf, out in pairs]
+        half = len(rows) // 2
+        return DynamicCache(ddp_cache_data=list(zip(rows[:half], rows[half:], strict=True)))
 
     def backward(self) -> None:
-        pairs = [(out, leaf.grad) for out, leaf in zip(self.outputs, self.leaves, strict=True)
+        pairs = [(out, leaf.grad.to(out.dtype))
+                 for out, leaf in zip(self.outputs, self.leaves, strict=True)
                  if leaf.grad is not None]  # fmt: skip
         if pairs:
             torch.autograd.backward([out for out, _ in pairs], [grad for _, grad in pairs])
@@ -206,7 +209,7 @@ def step_prefix(model: torch.nn.Module, prompts_GP: torch.Tensor) -> StepPrefix 
     if cache is None:
         return None
     outputs = [layer.keys for layer in cache.layers] + [layer.values for layer in cache.layers]
-    return StepPrefix(outputs, [t.detach().requires_grad_() for t in outputs])
+    return StepPrefix(outputs, [t.detach().float().requires_grad_() for t in outputs])
 
 
 def _prefix_cache(model: torch.nn.Module, prefix_GP: torch.Tensor) -> Any:
