@@ -120,14 +120,19 @@ def test_a_step_is_the_same_with_or_without_sharing(tiny_model_path: Path, share
     assert max((params[n] - p).abs().max().item() for n, p in base_params.items()) < 1e-6
 
 
-@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16-autocast"])
+@pytest.mark.parametrize(
+    ("bf16", "targets"),
+    [(False, "all-linear"), (True, "all-linear"), (False, ["q_proj", "v_proj"])],
+    ids=["fp32", "bf16-autocast", "no-lora-on-k_proj"],
+)
 def test_a_step_runs_each_prompt_once_for_all_its_micro_batches(
-    tiny_model_path: Path, bf16: bool
+    tiny_model_path: Path, bf16: bool, targets: str | list[str]
 ) -> None:
     """Two prompts (7 and 5 tokens) in micro-batches of 3: one forward of both prompts up to
     the shorter one's last token, then each micro-batch's rest of its rows; the LoRA gradients
     (through the prompts too) equal the unshared step's (to bf16's precision under autocast,
-    where the prompts' keys/values are bf16 and their gradient sums fp32)."""
+    where the prompts' keys/values are bf16 and their gradient sums fp32). Without LoRA on
+    k_proj, layer 0's keys depend on no trained weight: nothing to send back through them."""
     samples = group(list(range(30, 37)), [3, 6, 2, 5]) + group([30, 31, 32, 33, 9], [7, 1])
     prompts = step_prompts(samples)
     assert prompts is not None  # 4 tokens each: the 5th predicts the shorter one's first
@@ -150,7 +155,7 @@ def test_a_step_runs_each_prompt_once_for_all_its_micro_batches(
                       samples, args, 0, **({"autocast": autocast} if bf16 else {}))  # fmt: skip
         return widths, captured
 
-    args = ARGS.model_copy(update={"micro_batch_size": 3})
+    args = ARGS.model_copy(update={"micro_batch_size": 3, "lora_target_modules": targets})
     shared_widths, shared = grads(args)
     full_widths, full = grads(args.model_copy(update={"shared_prompt_forward": False}))
     assert shared_widths[0] == (2, 4)

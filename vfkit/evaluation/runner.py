@@ -200,16 +200,16 @@ def _run(
 ) -> None:
     """Generate the missing rollouts with a live display; metadata says how it ended."""
     recorder.failures = FailureTally(redact_url(target.base_url))
-    recorder.save_metadata("running")
     total = len(recorder.rows) + sum(map(len, todo.values()))  # saved + still to run
     meta = recorder.meta
-    console.print(
-        f"{meta['env_id']}: {meta['num_examples']} examples x {meta['rollouts_per_example']} "
-        f"rollouts, model {meta['model']} at {meta['base_url']}",
-        markup=False,
-        soft_wrap=True,
-    )
-    try:
+    try:  # from the first "running" on: a Ctrl-C at any point leaves "interrupted" behind
+        recorder.save_metadata("running")
+        console.print(
+            f"{meta['env_id']}: {meta['num_examples']} examples x {meta['rollouts_per_example']} "
+            f"rollouts, model {meta['model']} at {meta['base_url']}",
+            markup=False,
+            soft_wrap=True,
+        )
         with EvalProgress(console, total, len(recorder.rows)) as recorder.progress:
             asyncio.run(_generate(env, inputs, todo, target, cfg, recorder.on_group))
     except BaseException as exc:

@@ -195,9 +195,10 @@ class StepPrefix:
         return DynamicCache(ddp_cache_data=list(zip(rows[:half], rows[half:], strict=True)))
 
     def backward(self) -> None:
+        # a layer's keys need not depend on any trained weight (layer 0 without LoRA on k_proj)
         pairs = [(out, leaf.grad.to(out.dtype))
                  for out, leaf in zip(self.outputs, self.leaves, strict=True)
-                 if leaf.grad is not None]  # fmt: skip
+                 if leaf.grad is not None and out.requires_grad]  # fmt: skip
         if pairs:
             torch.autograd.backward([out for out, _ in pairs], [grad for _, grad in pairs])
 
