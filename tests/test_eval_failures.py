@@ -244,8 +244,12 @@ def test_embedded_server_killed_mid_run_then_resume_finishes(tiny_model_path, tm
     import psutil
 
     out = tmp_path / "evals"
+    # Enough rollouts that the kill lands mid-run however fast the server is (8 x 2 did not:
+    # with each group's prompt prefilled once, all of them could land between two polls).
+    rows, rollouts = 8, 8  # the fixture has 8 words
     argv = [sys.executable, "-m", "vfkit.cli.eval", "eval-echo", "-m", str(tiny_model_path),
-            "-a", '{"num_rows": 8}', "-n", "8", "-r", "2", "-t", "48", "-c", "1",
+            "-a", json.dumps({"num_rows": rows}), "-n", str(rows), "-r", str(rollouts),
+            "-t", "48", "-c", "1",
             "--max-retries", "0", "-o", str(out)]  # fmt: skip
     proc = subprocess.Popen(argv, cwd=tmp_path, env=cli_env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
@@ -261,14 +265,15 @@ def test_embedded_server_killed_mid_run_then_resume_finishes(tiny_model_path, tm
     assert "Traceback" not in stderr and "--resume" in stderr
     (run_dir,) = run_dirs(out)
     before = read_rows(run_dir)
-    assert 0 < len(before) < 16 and all(r["error"] is None for r in before)
+    total = rows * rollouts
+    assert 0 < len(before) < total and all(r["error"] is None for r in before)
     meta = json.loads((run_dir / "metadata.json").read_text())
-    assert meta["status"] == "incomplete" and meta["missing_rollouts"] == 16 - len(before)
+    assert meta["status"] == "incomplete" and meta["missing_rollouts"] == total - len(before)
 
     proc2 = vf_eval(tmp_path, "--resume", str(run_dir), timeout=300)  # a fresh embedded server
     assert proc2.returncode == 0, proc2.stderr
     pairs = sorted((r["example_id"], r["rollout_idx"]) for r in read_rows(run_dir))
-    assert pairs == [(e, k) for e in range(8) for k in range(2)]
+    assert pairs == [(e, k) for e in range(rows) for k in range(rollouts)]
     assert json.loads((run_dir / "metadata.json").read_text())["status"] == "completed"
 
 
