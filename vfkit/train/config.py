@@ -189,7 +189,7 @@ class TrainerArgs(Section):
     """AdamW beta2."""
     loraplus_lr_ratio: float = Field(1.0, ge=1, le=1024)
     """LoRA+ (arXiv:2402.12354, PEFT's helper): LoRA B learns at ratio x learning_rate; 1 = off.
-    At exp.toml's lr, 16 cut held-out reward (RESULTS.md, "LoRA+"): lower the lr with it."""
+    exp.toml sets 4; at its lr, 16 cut held-out reward (RESULTS.md, "LoRA+")."""
     max_grad_norm: float = Field(1.0, ge=0)
     """Gradient-norm clip; 0 = no clipping (the norm is still logged)."""
     bf16: bool | Literal["auto"] = "auto"
