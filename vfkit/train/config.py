@@ -17,13 +17,7 @@ import math
 import os
 from typing import Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    field_serializer,
-    field_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 
 from vfkit.client.sampling import merge_sampling_args
 from vfkit.train.config_fields import (
