@@ -218,7 +218,9 @@ def test_two_resumes_of_one_run_the_second_refuses_at_once(tmp_path):
         assert proc.returncode == 0, proc.stderr
         (run_dir,) = run_dirs(tmp_path / "outputs" / "evals")
         (run_dir / "results.jsonl").write_text("")  # as if nothing had been saved: 12 to run
-        srv.delay_next(0.3, n=100)
+        # the first resume takes ~18 s, so a second vf-eval that starts slowly (a loaded CI
+        # machine: 0.3 s a request, ~3 s in all, was not enough) still finds it running
+        srv.delay_next(1.5, n=100)
         first = subprocess.Popen(
             [sys.executable, "-m", "vfkit.cli.eval", "--resume", str(run_dir), "-c", "1"],
             cwd=tmp_path, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
