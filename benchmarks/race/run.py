@@ -1,5 +1,8 @@
 """The race command: vfkit vs TRL on the same env, prompts, rewards and batch, same wall budget.
 
+Both systems train on the same prompts at each step (TRL reads vfkit's seeded order; `--trl-order
+own` gives TRL its own shuffle instead, as the races before 2026-11-28 did).
+
     python -m benchmarks.race.run --envs reverse-text arithmetic --seeds 0 1 --budget-s 900
 
 For each env and seed: vfkit's leg, then TRL's (one at a time, each in its own process, see
@@ -49,6 +52,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="the evaluator's weights; auto: bf16 where the device has bf16 units "
                    "(~4x faster than fp32 on such a CPU, ~100x slower on one without)")
     p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=["vfkit", "trl"])
+    p.add_argument("--trl-order", choices=("vfkit", "own"), default="vfkit",
+                   help="the prompts TRL trains on at each step: vfkit's for the seed (a paired "
+                   "comparison), or TRL's own shuffle (the races before 2026-11-28)")
     p.add_argument("--out", default="outputs/race", help="race folder")
     args = p.parse_args(argv)
     if args.eval_dtype == "auto":
@@ -75,7 +81,8 @@ def plan_legs(args: argparse.Namespace, model: str) -> list[Leg]:
             snapshot_every_s=args.snapshot_every_s,
             snapshot_every_steps=args.snapshot_every_steps, model=model, config=args.config,
             out=str(Path(args.out) / env_id / f"seed{seed}" / system),
-            overrides=list(args.overrides))
+            overrides=list(args.overrides),
+            vfkit_order=system != "vfkit" and args.trl_order == "vfkit")
         for env_id in args.envs for seed in args.seeds for system in args.systems
     ]
     from vfkit.envs.registry import load_environment

@@ -40,6 +40,11 @@ class Leg:
     """Also snapshot every N optimizer steps (0 = only on the clock)."""
     overrides: list[str] = field(default_factory=list)
     """Extra `key=value` config overrides, applied to both systems."""
+    vfkit_order: bool = False
+    """TRL legs: train on vfkit's prompt order for this seed (`vfkit.train.data.DataOrder`)
+    instead of TRL's own shuffle, so that both systems see the same prompts at every step (a
+    paired comparison). False for vfkit's legs (theirs is that order) and for races before
+    2026-11-28, where each system shuffled the prompts its own way."""
 
     @property
     def root(self) -> Path:
@@ -104,10 +109,12 @@ def _inline_table(values: dict[str, Any]) -> str:
 
 
 def trl_config_kwargs(
-    a: TrainerArgs, sampling: dict[str, Any], reward_weights: list[float], out: Path
+    a: TrainerArgs, sampling: dict[str, Any], reward_weights: list[float], out: Path,
+    *, shuffle: bool = True,
 ) -> dict[str, Any]:
     """`GRPOConfig` keyword arguments that reproduce vfkit's `TrainerArgs` `a` and the rollout
     sampling args vfkit resolved (`phases.with_rollout_sampling`: the env's own count).
+    `shuffle=False`: TRL reads its dataset in order (one already in vfkit's order).
 
     One optimizer step = one generation batch: batch_size completions of
     batch_size / rollouts_per_example prompts, in micro-batches of micro_batch_size.
@@ -116,6 +123,7 @@ def trl_config_kwargs(
     return {
         "output_dir": str(out),
         "seed": a.seed,
+        "shuffle_dataset": shuffle,
         # --- batch shape
         "num_generations": a.rollouts_per_example,
         "per_device_train_batch_size": a.micro_batch_size,

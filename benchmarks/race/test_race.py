@@ -246,3 +246,26 @@ def test_the_control_leg_trains_trl_with_vfkits_optimizer(
     assert a_lrs == {1e-4}  # exp.toml's learning rate either way
     # TRL's own AdamW has one rate; vfkit's optimizer is LoRA+ as the config asks: B at 16x
     assert b_lrs == ({1.6e-3} if vfkit_optimizer else {1e-4})
+
+
+def test_trl_trains_on_vfkits_prompts_step_by_step(tmp_path: Path) -> None:
+    """A paired race: TRL's sampler hands its trainer, generation batch by generation batch,
+    the prompts vf-train's `DataOrder` gives each step for the seed."""
+    from benchmarks.race.test_race_smoke import TINY_SETTINGS
+    from benchmarks.race.trl_leg import build_trainer
+    from vfkit.testing.tiny_model import make_tiny_model
+    from vfkit.train.data import DataOrder
+
+    tiny = make_tiny_model(tmp_path / "tiny")
+    spec = replace(leg(tmp_path, overrides=TINY_SETTINGS), model=str(tiny), vfkit_order=True)
+    trainer = build_trainer(spec)
+    a = run_config(spec).trainer.args
+    per_step, group = a.prompts_per_batch, a.rollouts_per_example
+    sampled = list(trainer._get_train_sampler())  # dataset indices, in the order TRL reads them
+    batch = trainer.args.generation_batch_size * trainer.args.steps_per_generation
+    ids = trainer.train_dataset["example_id"]
+    trl_steps = [[ids[i] for i in sampled[s * batch:s * batch + per_step * group:group]]
+                 for s in range(3)]  # each generation batch's prompts, once each
+    order = DataOrder(len(set(ids)), per_step, a.seed)
+    assert trl_steps == [order.indices(step) for step in (1, 2, 3)]
+    assert not trainer.args.shuffle_dataset

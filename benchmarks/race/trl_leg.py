@@ -23,6 +23,9 @@ from vfkit.train.policy import lora_config, resolve_model_dir, save_adapter
 from vfkit.train.rundir import RunDir
 
 KEEP_ADAPTERS = 2  # the clock copies the newest; older ones are deleted
+# A leg in vfkit's prompt order reads this many steps of it (a GPU race reaches ~600 steps in
+# 15 minutes); past them TRL starts the same order again.
+ORDERED_STEPS = 5000
 
 
 class SnapshotAdapters(TrainerCallback):
@@ -78,6 +81,8 @@ def build_trainer(leg: Leg, *, vfkit_optimizer: bool = False, callbacks: list | 
     model_dir = resolve_model_dir(cfg.model)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     rows = dataset_rows(env.get_dataset(), tokenizer, a.max_prompt_len)[0]  # vfkit's filter
+    if leg.vfkit_order:
+        rows = in_vfkit_order(rows, a.prompts_per_batch, a.seed)
     columns = ("prompt", "answer", "info", "task", "example_id")
     dataset = Dataset.from_list([{k: row[k] for k in columns if k in row} for row in rows])
     funcs, weights = rubric_reward_funcs(env.rubric, a.rollouts_per_example)
@@ -93,6 +98,16 @@ def build_trainer(leg: Leg, *, vfkit_optimizer: bool = False, callbacks: list | 
 
     return (VfkitOptimizerGRPO if vfkit_optimizer else GRPOTrainer)(
         model=str(model_dir), reward_funcs=funcs, train_dataset=dataset,
-        args=GRPOConfig(**trl_config_kwargs(a, sampling, weights, run.root / "trl")),
+        args=GRPOConfig(**trl_config_kwargs(a, sampling, weights, run.root / "trl",
+                                            shuffle=not leg.vfkit_order)),
         processing_class=tokenizer, peft_config=lora_config(a), callbacks=callbacks,
     )
+
+
+def in_vfkit_order(rows: list[dict], prompts_per_step: int, seed: int) -> list[dict]:
+    """`rows` as vf-train with `seed` reads them, step after step (`DataOrder`), for
+    ORDERED_STEPS steps: unshuffled, TRL's step s then trains on vfkit's prompts of step s."""
+    from vfkit.train.data import DataOrder
+
+    order = DataOrder(len(rows), prompts_per_step, seed)
+    return [rows[i] for step in range(1, ORDERED_STEPS + 1) for i in order.indices(step)]
