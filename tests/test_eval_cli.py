@@ -51,7 +51,8 @@ def run_dirs(base: Path) -> list[Path]:
 
 
 def read_rows(run_dir: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
+    text = (run_dir / "results.jsonl").read_text()  # lines end at "\n" only: rows keep U+2028 etc.
+    return [json.loads(line) for line in text.split("\n") if line]
 
 
 def start_until_rows(argv: list[str], cwd: Path, out: Path, rows: int = 4,

@@ -44,7 +44,7 @@ def eval_run(env_id: str, base_url: str, out: Path) -> tuple[Path, list[dict[str
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "[image]" in proc.stdout and "base64" not in proc.stdout  # the sample panel
     (meta,) = out.glob("*/*/metadata.json")
-    lines = (meta.parent / "results.jsonl").read_text().splitlines()
+    lines = (meta.parent / "results.jsonl").read_text().split("\n")[:-1]
     return meta.parent, [json.loads(line) for line in lines]
 
 

@@ -42,7 +42,8 @@ def test_vf_eval_runs_image_envs_on_the_embedded_server(env_id, vlm_path, tmp_pa
     (meta_path,) = out.glob("*/*/metadata.json")
     meta = json.loads(meta_path.read_text())
     assert meta["endpoint_source"] == "embedded" and meta["status"] == "completed"
-    rows = [json.loads(x) for x in (meta_path.parent / "results.jsonl").read_text().splitlines()]
+    text = (meta_path.parent / "results.jsonl").read_text()
+    rows = [json.loads(x) for x in text.split("\n") if x]
     assert len(rows) == 4 and all(r["error"] is None for r in rows), rows[0]["error"]
     assert all(r["completion"][-1]["role"] == "assistant" for r in rows)
     for row in rows:

@@ -208,3 +208,14 @@ def test_report_out_writes_a_self_contained_copy(run: RunDir, tmp_path: Path) ->
     for link in re.findall(r"<img src='([^']+)'", page):
         assert (out_dir / link).is_file()  # every chart sits beside the copied page
     assert not run.report.exists()  # the run folder was left alone
+
+
+def test_jsonl_rows_holding_unicode_line_separators_are_read_whole(tmp_path: Path) -> None:
+    """results.jsonl keeps text as is (ensure_ascii=False): a completion with U+2028 or U+0085
+    (a random model emits them) is one row, not two broken halves dropped; a torn last line is
+    still skipped."""
+    rows = [{"completion": "a\u2028b\x85c\x1cd"}, {"completion": "plain"}]
+    path = tmp_path / "results.jsonl"
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    path.write_text(text + '{"completion": "to')
+    assert read_jsonl(path) == rows

@@ -70,11 +70,15 @@ CHARTS = (
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Rows of a JSONL file; a half-written last line (run in progress) is skipped."""
+    """Rows of a JSONL file; a half-written last line (run in progress) is skipped.
+
+    Lines end at "\n" only: results.jsonl keeps non-ASCII text as is, and a completion may hold
+    U+2028 or U+0085, which `str.splitlines` would break a row at (and the row be lost).
+    """
     rows = []
     if not path.exists():
         return rows
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+    for line in path.read_text(encoding="utf-8", errors="replace").split("\n"):
         try:
             row = json.loads(line)
         except ValueError:
