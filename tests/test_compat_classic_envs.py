@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_eval_cli import read_rows
 
 from vfkit.testing.scripted_server import TestServer
 
@@ -61,7 +62,7 @@ def test_vf_eval_runs_a_classic_environment(env_id: str, tmp_path: Path) -> None
                        "-r", "3", "-t", "200", "-c", "1", "-o", str(tmp_path))
     assert done.returncode == 0, done.stderr
     [results] = tmp_path.glob("*/*/results.jsonl")
-    rows = [json.loads(line) for line in results.read_text().split("\n") if line]
+    rows = read_rows(results.parent)
     assert len(rows) == 6 and not any(r["error"] for r in rows)
     by_example: dict[int, list[dict]] = {}
     for row in rows:

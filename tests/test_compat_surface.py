@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from openai import OpenAI
+from test_eval_cli import read_rows
 
 import vfkit
 import vfkit.compat.verifiers as vf
@@ -114,8 +115,7 @@ def test_save_results_results_path_save_every_and_state_columns(tmp_path: Path) 
                                 rollouts_per_example=2, save_results=True,
                                 results_path=tmp_path / "run", save_every=1,
                                 state_columns=["turn"])
-    text = (tmp_path / "run" / "results.jsonl").read_text()
-    rows = [json.loads(x) for x in text.split("\n") if x]
+    rows = read_rows(tmp_path / "run")
     assert len(rows) == 4 and all(r["turn"] == 1 and r["reward"] == 1.0 for r in rows)
     meta = json.loads((tmp_path / "run" / "metadata.json").read_text())
     assert meta["avg_reward"] == 1.0 and meta["rollouts_per_example"] == 2

@@ -3,7 +3,6 @@ scripted server; results keep the images as data URLs, and `vf-rl report` shows 
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -11,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_eval_cli import read_rows
 
 from vfkit.images import load_image, message_image_urls
 from vfkit.testing.scripted_server import Reply, TestServer
@@ -44,8 +44,7 @@ def eval_run(env_id: str, base_url: str, out: Path) -> tuple[Path, list[dict[str
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "[image]" in proc.stdout and "base64" not in proc.stdout  # the sample panel
     (meta,) = out.glob("*/*/metadata.json")
-    lines = (meta.parent / "results.jsonl").read_text().split("\n")[:-1]
-    return meta.parent, [json.loads(line) for line in lines]
+    return meta.parent, read_rows(meta.parent)
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ from vfkit.testing.tiny_vlm import IMAGE_TOKEN, IMAGE_TOKENS_PER_IMAGE
 
 sys.path.insert(0, str(ENV_DIRS[1]))
 import vfkit_zoom as zoom  # after the path line above
+from test_eval_cli import read_rows
 
 pytestmark = pytest.mark.slow
 
@@ -42,8 +43,7 @@ def test_vf_eval_runs_image_envs_on_the_embedded_server(env_id, vlm_path, tmp_pa
     (meta_path,) = out.glob("*/*/metadata.json")
     meta = json.loads(meta_path.read_text())
     assert meta["endpoint_source"] == "embedded" and meta["status"] == "completed"
-    text = (meta_path.parent / "results.jsonl").read_text()
-    rows = [json.loads(x) for x in text.split("\n") if x]
+    rows = read_rows(meta_path.parent)
     assert len(rows) == 4 and all(r["error"] is None for r in rows), rows[0]["error"]
     assert all(r["completion"][-1]["role"] == "assistant" for r in rows)
     for row in rows:
