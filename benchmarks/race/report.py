@@ -47,7 +47,10 @@ def table(env_id: str, legs: list[dict], base: dict) -> list[str]:
     """Markdown: reward at each wall-clock tick, then (when taken) at each step multiple."""
     out = [f"**{env_id}**: held-out task reward (base model {base['reward']:.3f}); "
            "mean over seeds ± half the seed spread", ""]
-    out += grid(legs, "snapshots", "t_s", "{:g} s", show_steps=True)
+    if any("reward" in s for leg in legs for s in leg["snapshots"]):
+        out += grid(legs, "snapshots", "t_s", "{:g} s", show_steps=True)
+    else:  # every leg stopped (max_steps) before the first tick: only the step table says much
+        out.append("No wall-clock snapshot: every leg ended before the first tick.")
     if any(leg.get("step_snapshots") for leg in legs):
         out += ["", "At equal optimizer steps:", ""]
         out += grid(legs, "step_snapshots", "step", "step {}", show_steps=False)
@@ -107,15 +110,16 @@ def plot_env(path: Path, env_id: str, legs: list[dict], base_reward: float) -> N
     fig, (by_time, by_step) = plt.subplots(1, 2, figsize=(11, 4), dpi=110, sharey=True)
     for leg in legs:
         snaps = [s for s in leg["snapshots"] if "reward" in s]
-        if not snaps:
+        steps = {s["step"]: s["reward"] for s in snaps + leg.get("step_snapshots", [])
+                 if "reward" in s}
+        if not steps:
             continue
         label = f"{LABELS[leg['system']]}, seed {leg['seed']}"
         style = {"color": COLORS[leg["system"]], "marker": "o",
                  "linestyle": "-" if leg["seed"] % 2 == 0 else "--"}
-        by_time.plot([0] + [s["t_s"] for s in snaps], [base_reward] + [s["reward"] for s in snaps],
-                     label=label, **style)
-        steps = {s["step"]: s["reward"] for s in snaps + leg.get("step_snapshots", [])
-                 if "reward" in s}
+        if snaps:  # a leg that stopped before the first tick has only step points
+            by_time.plot([0] + [s["t_s"] for s in snaps],
+                         [base_reward] + [s["reward"] for s in snaps], label=label, **style)
         steps[0] = base_reward
         by_step.plot(sorted(steps), [steps[k] for k in sorted(steps)], label=label, **style)
     for ax, xlabel in ((by_time, "wall seconds"), (by_step, "optimizer step")):

@@ -269,3 +269,30 @@ def test_trl_trains_on_vfkits_prompts_step_by_step(tmp_path: Path) -> None:
     order = DataOrder(len(set(ids)), per_step, a.seed)
     assert trl_steps == [order.indices(step) for step in (1, 2, 3)]
     assert not trainer.args.shuffle_dataset
+
+
+def test_a_race_of_step_limited_legs_reports_the_steps_only(tmp_path: Path) -> None:
+    # `--set trainer.args.max_steps=10` with a longer budget: every leg ends before the first
+    # tick, so there is no wall-clock point; the table must not be an empty, malformed grid
+    from benchmarks.race.report import table, write_report
+
+    def record(reward: float) -> dict:
+        return {"ticks": [900.0], "snapshots": [], "steps": [[60.0, 10]], "error": None,
+                "step_snapshots": [{"t_s": 60.0, "step": 10, "reward": reward}]}
+
+    legs = [Leg(system=system, env_id="arithmetic", seed=seed, budget_s=900,
+                snapshot_every_s=900, model="m", config="c", out=f"{system}{seed}")
+            for system in ("vfkit", "trl") for seed in (2, 3)]
+    records = {leg.out: record(r) for leg, r in zip(legs, (0.6, 0.7, 0.5, 0.6), strict=True)}
+    base = {"reward": 0.33, "sample": {"prompt": "Calculate 0 - 2.", "answer": "2"}}
+    write_report(tmp_path, legs, records, {"arithmetic": base},
+                 {"budget_s": 900, "snapshot_every_s": 900, "eval_n": 100,
+                  "eval_dtype": "float32"})
+    text = (tmp_path / "results.md").read_text()
+    assert "| system |  |" not in text and "No wall-clock snapshot" in text
+    assert "| vfkit (vf-train) | 0.650 ±0.050 |" in text
+    assert "| TRL GRPOTrainer | 0.550 ±0.050 |" in text
+    assert (tmp_path / "arithmetic.png").stat().st_size > 0
+    with_clock = [{"system": "vfkit", "seed": 0, "snapshots": [{"t_s": 150.0, "step": 6,
+                                                                "reward": 0.4}]}]
+    assert "| vfkit (vf-train) | 0.400 (6) |" in table("arithmetic", with_clock, base)
