@@ -64,6 +64,7 @@ class Snapshotter:
         self._thread = threading.Thread(target=self._watch, name="race-clock", daemon=True)
         self.started = 0.0
         self.error: Exception | None = None
+        self.budget_reached = False  # the clock stopped the system (not max_steps)
 
     def __enter__(self) -> Snapshotter:
         self.dest.mkdir(parents=True, exist_ok=True)
@@ -76,7 +77,8 @@ class Snapshotter:
         self._thread.join()
         if self.error is not None:
             raise RuntimeError(f"the race clock failed: {self.error}") from self.error
-        self._note_new_step()  # a run that ended on its own (max_steps): its last step counts
+        if not self.budget_reached:  # a run that ended on its own (max_steps): its last step
+            self._note_new_step()      # counts; a step finished after the budget does not
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
@@ -106,6 +108,7 @@ class Snapshotter:
             if self.elapsed() >= pending[0]:
                 self._snapshot(pending.pop(0))
                 if not pending:
+                    self.budget_reached = True
                     self.on_budget()
             self._done.wait(POLL_S)
 

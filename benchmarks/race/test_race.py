@@ -162,6 +162,20 @@ def test_a_run_that_ends_by_itself_keeps_its_last_step_snapshot(tmp_path: Path) 
     assert record["steps"][-1][1] == 4
 
 
+def test_a_step_finished_after_the_budget_is_not_counted(tmp_path: Path) -> None:
+    # the budget stops the system, which finishes its step first: that step was bought with
+    # time past the budget, so neither its time nor its step snapshot may enter the record
+    adapters, stopped = tmp_path / "adapters", threading.Event()
+    with Snapshotter(adapters, tmp_path / "snaps", every_s=0.3, budget_s=0.3,
+                     on_budget=stopped.set, every_steps=1) as clock:
+        assert stopped.wait(10), "the budget never stopped the run"
+        (adapters / "step_1").mkdir(parents=True)
+        (adapters / "step_1" / "adapter_config.json").write_text("{}")
+    record = clock.record()
+    assert record["steps"] == [] and record["step_snapshots"] == []
+    assert [(s["t_s"], s["step"]) for s in record["snapshots"]] == [(0.3, 0)]
+
+
 def test_equal_step_points_are_the_steps_every_system_of_the_seed_reached() -> None:
     from benchmarks.race.run import shared_steps
 
