@@ -83,11 +83,6 @@ class Snapshotter:
     def elapsed(self) -> float:
         return time.monotonic() - self.started
 
-    @property
-    def expired(self) -> bool:
-        """Whether the budget (the last tick) has passed."""
-        return self.elapsed() >= self.ticks[-1]
-
     def record(self) -> dict[str, Any]:
         """What leg.json keeps: the snapshots taken and when each step finished."""
         return {"ticks": self.ticks, "snapshots": self.snapshots,

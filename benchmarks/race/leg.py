@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import threading
 import traceback
 from pathlib import Path
 from typing import Any
@@ -47,10 +48,13 @@ def run_trl(leg: Leg) -> dict[str, Any]:
     trl-vfkit-optimizer leg builds its optimizer with vfkit's own `build_optimizer`."""
     from benchmarks.race.trl_leg import train_trl
 
+    # the clock alone ends the leg, as for vfkit: a system that checked the time itself could
+    # stop (and close the clock) before the clock took the budget's snapshot
+    stop = threading.Event()
     with Snapshotter(leg.root / "run" / "adapters", leg.snapshots, every_s=leg.snapshot_every_s,
-                     budget_s=leg.budget_s, on_budget=lambda: None,
+                     budget_s=leg.budget_s, on_budget=stop.set,
                      every_steps=leg.snapshot_every_steps) as clock:
-        error = _guarded(lambda: train_trl(leg, clock,
+        error = _guarded(lambda: train_trl(leg, clock, stop,
                                            vfkit_optimizer=leg.system == "trl-vfkit-optimizer"))
     return {**clock.record(), "error": error}
 

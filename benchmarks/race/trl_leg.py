@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 import time
 from typing import Any
 
@@ -29,16 +30,17 @@ ORDERED_STEPS = 5000
 
 
 class SnapshotAdapters(TrainerCallback):
-    """Save adapters/step_N after each step (vfkit's layout), log each step, stop at budget."""
+    """Save adapters/step_N after each step (vfkit's layout), log each step, stop when the
+    clock says so (`stop`, set by its `on_budget` after it took the budget's snapshot)."""
 
-    def __init__(self, run: RunDir, clock: Snapshotter) -> None:
-        self.run, self.clock = run, clock
+    def __init__(self, run: RunDir, clock: Snapshotter, stop: threading.Event) -> None:
+        self.run, self.clock, self.stop = run, clock, stop
 
     def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None,
                     **kwargs: Any) -> None:
         save_adapter(model, self.run.adapter_dir(state.global_step))
         shutil.rmtree(self.run.adapter_dir(state.global_step - KEEP_ADAPTERS), ignore_errors=True)
-        if self.clock.expired:
+        if self.stop.is_set():
             control.should_training_stop = True
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None,
@@ -49,11 +51,13 @@ class SnapshotAdapters(TrainerCallback):
             f.write(json.dumps(record) + "\n")
 
 
-def train_trl(leg: Leg, clock: Snapshotter, *, vfkit_optimizer: bool = False) -> None:
-    """Build the trainer (model load counts against the budget, as vfkit's does) and train."""
+def train_trl(leg: Leg, clock: Snapshotter, stop: threading.Event, *,
+              vfkit_optimizer: bool = False) -> None:
+    """Build the trainer (model load counts against the budget, as vfkit's does) and train
+    until `stop` is set."""
     run = RunDir(leg.root / "run")
     trainer = build_trainer(leg, vfkit_optimizer=vfkit_optimizer,
-                            callbacks=[SnapshotAdapters(run, clock)])
+                            callbacks=[SnapshotAdapters(run, clock, stop)])
     started = time.monotonic()
     trainer.train()
     print(f"TRL trained {trainer.state.global_step} steps in {time.monotonic() - started:.0f} s")
