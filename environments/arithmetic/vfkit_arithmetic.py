@@ -42,10 +42,7 @@ def answer_text(parser: vf.XMLParser, completion, strict: bool) -> str | None:
     answer = parser.parse_answer(completion)
     if answer is not None or strict:
         return answer
-    replies = parser.get_assistant_messages(completion)
-    text = completion if isinstance(completion, str) else (replies[-1]["content"] if replies
-                                                           else "")
-    numbers = NUMBER_RE.findall(text or "")
+    numbers = NUMBER_RE.findall(vf.Parser().parse_answer(completion) or "")  # the last reply
     return numbers[-1] if numbers else None
 
 

@@ -74,10 +74,8 @@ def answer_text(parser: vf.XMLParser, completion, strict: bool) -> str | None:
     answer = parser.parse_answer(completion)
     if answer is not None or strict:
         return answer
-    replies = parser.get_assistant_messages(completion)
-    text = completion if isinstance(completion, str) else (replies[-1]["content"] if replies
-                                                           else "")
-    return re.sub(r"</?answer>", "", text or "").strip()
+    text = vf.Parser().parse_answer(completion) or ""  # the last reply's text
+    return re.sub(r"</?answer>", "", text).strip()
 
 
 def check_text_supply(wanted: int, min_words: int, max_words: int) -> None:

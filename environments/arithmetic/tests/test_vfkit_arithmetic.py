@@ -87,3 +87,11 @@ async def test_malformed_replies_score_zero(reply: str, strict: bool) -> None:
     state = await _score(reply, strict_format=strict)
     assert state["error"] is None
     assert state["reward"] == 0.0
+
+
+def test_an_untagged_reply_in_content_parts_is_read() -> None:
+    from vfkit_arithmetic import answer_text  # a reply as content parts (was a TypeError)
+
+    reply = [{"role": "assistant", "content": [{"type": "text", "text": "0 minus 2 is -2"}]}]
+    assert answer_text(vf.XMLParser(["answer"]), reply, strict=False) == "-2"
+    assert answer_text(vf.XMLParser(["answer"]), "0 minus 2 is -2", strict=False) == "-2"

@@ -152,3 +152,11 @@ async def test_a_perfect_model_scores_full_reward_on_a_batch() -> None:
             out = await env.a_evaluate(client, "m", rollouts_per_example=2)
     assert len(out) == 12
     assert out.reward == pytest.approx([1.2] * 12)
+
+
+def test_an_untagged_reply_in_content_parts_is_read() -> None:
+    reply = [{"role": "assistant", "content": [{"type": "text", "text": "noino <answer>naeco"}]}]
+    parser = vf.XMLParser(["answer"])  # content parts: was a TypeError
+    assert reverse_text.answer_text(parser, reply, strict=False) == "noino naeco"
+    assert reverse_text.answer_text(parser, "noino naeco", strict=False) == "noino naeco"
+    assert reverse_text.answer_text(parser, [], strict=False) == ""
