@@ -23,6 +23,7 @@ from contextvars import ContextVar
 
 import vfkit as vf
 from vfkit.bridge import v1_exports
+from vfkit.parsers.parser import message_text
 from vfkit.sandbox import Sandbox, SandboxLimits
 
 SYSTEM_PROMPT = (
@@ -85,11 +86,12 @@ def escape_controls(text: str) -> str:
 
 
 def final_number(parser: vf.XMLParser, completion) -> str | None:
-    """The final answer: <answer> content, else the last number of the last reply."""
-    replies = [m for m in parser.get_assistant_messages(completion) if m.get("content")]
-    if not replies:
+    """The final answer: <answer> content, else the last number of the last reply with text
+    (a string or content parts; turns that only call tools have none)."""
+    texts = [t for t in map(message_text, parser.get_assistant_messages(completion)) if t]
+    if not texts:
         return None
-    text = replies[-1]["content"]
+    text = texts[-1]
     tagged = parser.parse(text, last=True).answer
     numbers = NUMBER_RE.findall(tagged if tagged is not None else text)
     return numbers[-1] if numbers else None
