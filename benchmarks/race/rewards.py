@@ -1,10 +1,13 @@
 """The vfkit environment's rubric as TRL reward functions, and the one scorer of completions.
 
 TRL calls each reward function with `prompts`, `completions` and the dataset's other columns
-(`answer`, `info`, `task`, ...). `rubric_reward_funcs` returns one TRL function per rubric
-function, each scored by the rubric itself (so declared-argument passing, the parser and error
-handling are vfkit's), with the rubric's weights for TRL's `reward_weights`. The race's
-evaluator scores greedy completions with `score_completions`, the same path.
+(`answer`, `info`, `task`, ...) and `completion_ids`. `rubric_reward_funcs` returns one TRL
+function per rubric function, each scored by the rubric itself (so declared-argument passing,
+the parser and error handling are vfkit's), with the rubric's weights for TRL's
+`reward_weights`. With `stop_ids` (vfkit's `zero_truncated_completions`, which TRL lacks) a
+completion cut at the length limit scores 0 in every function: its advantage is then the one
+vfkit gives it. The race's evaluator scores greedy completions with `score_completions`, the
+same path.
 """
 
 from __future__ import annotations
@@ -38,13 +41,20 @@ def score_completions(
 
 
 class RubricRewardFunc:
-    """One rubric function as a TRL reward function (TRL logs it under the same name)."""
+    """One rubric function as a TRL reward function (TRL logs it under the same name).
 
-    def __init__(self, rubric: Rubric, name: str, group_size: int) -> None:
+    `stop_ids`: when given, a completion whose last token id is not one of them (cut at the
+    length limit, TRL's own test of truncation) scores 0.
+    """
+
+    def __init__(self, rubric: Rubric, name: str, group_size: int,
+                 stop_ids: frozenset[int] | None = None) -> None:
         self.rubric, self.__name__, self.group_size = rubric, name, group_size
+        self.stop_ids = stop_ids
 
     def __call__(
-        self, prompts: list[Messages], completions: list[Messages], **columns: Any
+        self, prompts: list[Messages], completions: list[Messages],
+        completion_ids: list[list[int]] | None = None, **columns: Any
     ) -> list[float]:
         rows = [
             {"prompt": prompt, **{k: columns[k][i] for k in ("answer", "info", "task", "example_id")
@@ -52,12 +62,20 @@ class RubricRewardFunc:
             for i, prompt in enumerate(prompts)
         ]
         scores = score_completions(self.rubric, rows, completions, self.group_size)
-        return [s.metrics[self.__name__] for s in scores]
+        values = [s.metrics[self.__name__] for s in scores]
+        if self.stop_ids is None:
+            return values
+        if completion_ids is None:
+            raise ValueError("zero_truncated_completions: TRL passed no completion_ids")
+        return [v if ids and ids[-1] in self.stop_ids else 0.0
+                for v, ids in zip(values, completion_ids, strict=True)]
 
 
-def rubric_reward_funcs(rubric: Rubric, group_size: int) -> tuple[list[RubricRewardFunc],
-                                                                  list[float]]:
-    """TRL `reward_funcs` and `reward_weights` equivalent to `rubric`."""
-    funcs = [RubricRewardFunc(rubric, name, group_size)
+def rubric_reward_funcs(
+    rubric: Rubric, group_size: int, stop_ids: frozenset[int] | None = None
+) -> tuple[list[RubricRewardFunc], list[float]]:
+    """TRL `reward_funcs` and `reward_weights` equivalent to `rubric`; `stop_ids`: truncated
+    completions score 0 (see RubricRewardFunc)."""
+    funcs = [RubricRewardFunc(rubric, name, group_size, stop_ids)
              for name in rubric.get_reward_func_names()]
     return funcs, rubric.get_reward_weights()

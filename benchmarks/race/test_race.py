@@ -310,3 +310,28 @@ def test_a_race_of_step_limited_legs_reports_the_steps_only(tmp_path: Path) -> N
     with_clock = [{"system": "vfkit", "seed": 0, "snapshots": [{"t_s": 150.0, "step": 6,
                                                                 "reward": 0.4}]}]
     assert "| vfkit (vf-train) | 0.400 (6) |" in table("arithmetic", with_clock, base)
+
+
+@pytest.mark.parametrize("zero_truncated", [False, True])
+def test_trl_scores_a_truncated_completion_0_when_vfkit_would(
+    tmp_path: Path, zero_truncated: bool
+) -> None:
+    """vfkit's `zero_truncated_completions` has no GRPOConfig key: the race hands it to TRL in
+    the reward functions, through TRL's own reward path and its own test of truncation."""
+    from benchmarks.race.test_race_smoke import TINY_SETTINGS
+    from benchmarks.race.trl_leg import build_trainer
+    from vfkit.testing.tiny_model import make_tiny_model
+
+    tiny = make_tiny_model(tmp_path / "tiny")
+    setting = f"trainer.args.zero_truncated_completions={str(zero_truncated).lower()}"
+    spec = replace(leg(tmp_path, "arithmetic", overrides=[*TINY_SETTINGS, setting]),
+                   model=str(tiny))
+    trainer = build_trainer(spec)
+    rows = [trainer.train_dataset[i] for i in range(2)]
+    replies = [[{"role": "assistant", "content": f"<answer>{r['answer']}</answer>"}]
+               for r in rows]
+    eos, text = trainer.eos_token_ids[0], trainer.processing_class.encode("<answer>")
+    ids = [[*text, eos], text]  # the first ended; the second was cut at the length limit
+    rewards = trainer._calculate_rewards(rows, [r["prompt"] for r in rows], replies, ids)
+    assert rewards[0].tolist() == [1.0, 1.0]  # a right, well-formed, finished answer: full
+    assert rewards[1].tolist() == ([0.0, 0.0] if zero_truncated else [1.0, 1.0])

@@ -100,12 +100,17 @@ def build_trainer(leg: Leg, *, vfkit_optimizer: bool = False, callbacks: list | 
                 self.optimizer = build_optimizer(self.model, a)
             return self.optimizer
 
-    return (VfkitOptimizerGRPO if vfkit_optimizer else GRPOTrainer)(
+    trainer = (VfkitOptimizerGRPO if vfkit_optimizer else GRPOTrainer)(
         model=str(model_dir), reward_funcs=funcs, train_dataset=dataset,
         args=GRPOConfig(**trl_config_kwargs(a, sampling, weights, run.root / "trl",
                                             shuffle=not leg.vfkit_order)),
         processing_class=tokenizer, peft_config=lora_config(a), callbacks=callbacks,
     )
+    if a.zero_truncated_completions:  # vfkit's setting, which GRPOConfig lacks: in the rewards
+        stop_ids = frozenset([*trainer.eos_token_ids, tokenizer.pad_token_id])
+        for func in funcs:  # TRL's own truncation test (its mask_truncated_completions)
+            func.stop_ids = stop_ids
+    return trainer
 
 
 def in_vfkit_order(rows: list[dict], prompts_per_step: int, seed: int) -> list[dict]:
