@@ -9,23 +9,17 @@ chat messages, or the decoded prompt on the token route. Registered as a pytest 
 
 from __future__ import annotations
 
-import fcntl
 import os
 import re
-import shutil
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import pytest
+from bridge_v1.venv import ROOT, VENV, VerifiersUnreachable, build_base, locked, run
 from openai import AsyncOpenAI
 
 import vfkit as vf
 from vfkit.testing.scripted_server import Reply, TestServer
 
-ROOT = Path(__file__).resolve().parents[2]
-VENV = ROOT / ".cache" / "bridge-v1-venv"
 ENVIRONMENTS = ("reverse-text", "guess-number", "calculator")
 HELPERS = Path(__file__).parent
 ORCHESTRATOR = HELPERS / "orchestrator.py"
@@ -38,55 +32,25 @@ def slow(test):
     return pytest.mark.slow(pytest.mark.timeout(1800)(test))
 
 
-# ----- the throwaway venv -----
-def run(cmd: list[str], what: str, timeout: float = 1200, env: dict | None = None) -> str:
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                          env=env)
-    if done.returncode:
-        raise RuntimeError(f"{what} failed (exit {done.returncode}):\n{done.stdout[-2000:]}\n"
-                           f"{done.stderr[-4000:]}")
-    return done.stdout
-
-
-def _base_python() -> str:
-    """python3.12 (prime-rl's) when it runs here, else this interpreter (verifiers: >=3.11)."""
-    for candidate in (shutil.which("python3.12"), sys.executable):
-        if candidate and subprocess.run([candidate, "--version"],
-                                        capture_output=True).returncode == 0:
-            return candidate
-    return sys.executable
-
-
-def _install_verifiers(pip: str) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        probe = subprocess.run([pip, "download", "-q", "--no-deps", "-d", tmp, "verifiers"],
-                               capture_output=True, text=True, timeout=300)
-    if probe.returncode:
-        pytest.skip(f"PyPI unreachable, cannot get verifiers: {probe.stderr[-300:]}")
-    run([pip, "install", "-q", "verifiers", "datasets"], "installing verifiers")
-
-
+# ----- the throwaway venv (its base: venv.py) -----
 @pytest.fixture(scope="module")
 def v1_python() -> str:
     """The venv's python: verifiers installed once, this checkout's packages when the list
     changes (both editable, so code edits need no reinstall). Under a file lock, so parallel
-    test workers build it once and never see it half-built."""
-    VENV.parent.mkdir(parents=True, exist_ok=True)
-    with open(VENV.parent / "bridge-v1-venv.lock", "w") as lock:  # pytest -n: one builder
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        return _build_v1_venv()
+    test workers (and `make test`'s prebuild) build it once and never see it half-built."""
+    try:
+        return locked(_build_v1_venv)
+    except VerifiersUnreachable as error:
+        pytest.skip(str(error))
 
 
 def _build_v1_venv() -> str:
-    pip, base, stamp = str(VENV / "bin" / "pip"), VENV / ".verifiers", VENV / ".environments"
-    if not base.exists():
-        shutil.rmtree(VENV, ignore_errors=True)
-        run([_base_python(), "-m", "venv", str(VENV)], "creating the venv")
-        _install_verifiers(pip)
-        base.touch()
+    build_base()
+    stamp = VENV / ".environments"
     if not (stamp.exists() and stamp.read_text() == " ".join(ENVIRONMENTS)):
         editable = [a for env in ENVIRONMENTS for a in ("-e", str(ROOT / "environments" / env))]
-        run([pip, "install", "-q", "--no-deps", "-e", str(ROOT), *editable], "installing vfkit")
+        run([str(VENV / "bin" / "pip"), "install", "-q", "--no-deps", "-e", str(ROOT),
+             *editable], "installing vfkit")
         stamp.write_text(" ".join(ENVIRONMENTS))
     return str(VENV / "bin" / "python")
 
