@@ -4,7 +4,7 @@ TRL calls each reward function with `prompts`, `completions` and the dataset's o
 (`answer`, `info`, `task`, ...) and `completion_ids`. `rubric_reward_funcs` returns one TRL
 function per rubric function, each scored by the rubric itself (so declared-argument passing,
 the parser and error handling are vfkit's), with the rubric's weights for TRL's
-`reward_weights`. With `stop_ids` (vfkit's `zero_truncated_completions`, which TRL lacks) a
+`reward_weights`. With `stop_ids` set (vfkit's `zero_truncated_completions`, which TRL lacks) a
 completion cut at the length limit scores 0 in every function: its advantage is then the one
 vfkit gives it. The race's evaluator scores greedy completions with `score_completions`, the
 same path.
@@ -71,11 +71,10 @@ class RubricRewardFunc:
                 for v, ids in zip(values, completion_ids, strict=True)]
 
 
-def rubric_reward_funcs(
-    rubric: Rubric, group_size: int, stop_ids: frozenset[int] | None = None
-) -> tuple[list[RubricRewardFunc], list[float]]:
-    """TRL `reward_funcs` and `reward_weights` equivalent to `rubric`; `stop_ids`: truncated
-    completions score 0 (see RubricRewardFunc)."""
-    funcs = [RubricRewardFunc(rubric, name, group_size, stop_ids)
+def rubric_reward_funcs(rubric: Rubric, group_size: int) -> tuple[list[RubricRewardFunc],
+                                                                  list[float]]:
+    """TRL `reward_funcs` and `reward_weights` equivalent to `rubric` (no `stop_ids` yet: the
+    TRL leg sets them once its trainer knows its end-of-sequence ids)."""
+    funcs = [RubricRewardFunc(rubric, name, group_size)
              for name in rubric.get_reward_func_names()]
     return funcs, rubric.get_reward_weights()

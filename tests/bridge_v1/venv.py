@@ -13,11 +13,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / ".cache" / "bridge-v1-venv"
 BASE_STAMP = VENV / ".verifiers"
+T = TypeVar("T")
 
 
 class VerifiersUnreachable(RuntimeError):
@@ -62,7 +65,7 @@ def build_base() -> None:
     BASE_STAMP.touch()
 
 
-def locked(build):
+def locked(build: Callable[[], T]) -> T:
     """Call `build()` holding the lock parallel test workers (and `make test`) share."""
     import fcntl
 
