@@ -43,14 +43,13 @@ def score_completions(
 class RubricRewardFunc:
     """One rubric function as a TRL reward function (TRL logs it under the same name).
 
-    `stop_ids`: when given, a completion whose last token id is not one of them (cut at the
+    `stop_ids`: when set, a completion whose last token id is not one of them (cut at the
     length limit, TRL's own test of truncation) scores 0.
     """
 
-    def __init__(self, rubric: Rubric, name: str, group_size: int,
-                 stop_ids: frozenset[int] | None = None) -> None:
+    def __init__(self, rubric: Rubric, name: str, group_size: int) -> None:
         self.rubric, self.__name__, self.group_size = rubric, name, group_size
-        self.stop_ids = stop_ids
+        self.stop_ids: frozenset[int] | None = None  # set by the TRL leg (trl_leg.py)
 
     def __call__(
         self, prompts: list[Messages], completions: list[Messages],

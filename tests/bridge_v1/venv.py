@@ -9,6 +9,7 @@ checkout's own install has written their metadata.
 
 from __future__ import annotations
 
+import fcntl
 import shutil
 import subprocess
 import sys
@@ -67,8 +68,6 @@ def build_base() -> None:
 
 def locked(build: Callable[[], T]) -> T:
     """Call `build()` holding the lock parallel test workers (and `make test`) share."""
-    import fcntl
-
     VENV.parent.mkdir(parents=True, exist_ok=True)
     with open(VENV.parent / "bridge-v1-venv.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
