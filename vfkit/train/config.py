@@ -248,9 +248,11 @@ class TrainerArgs(Section):
     reward equal), so a step trains on up to batch_size rollouts with signal. Costs the extra
     generation (counted in groups/resampled); 0 = off. Needs filter_zero_advantage."""
     mask_truncated_completions: bool = False
-    """Exclude completions cut at max_tokens/context from the loss."""
+    """Exclude completions cut at max_tokens/context from the loss (DAPO's overlong filter).
+    It also drops the push-down on cut replies that earned nothing (RESULTS.md, "left out")."""
     zero_truncated_completions: bool = False
-    """Score truncated completions 0 before computing advantages."""
+    """Score truncated completions 0 before computing advantages, so a cut reply never pays:
+    for short answers (one number), not where a long answer is the task (RESULTS.md)."""
     # --- eval, checkpoints, logging
     eval_steps: int = Field(0, ge=0)
     """Evaluate every N steps, and at start and end; 0 = no eval."""
