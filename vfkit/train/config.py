@@ -249,7 +249,8 @@ class TrainerArgs(Section):
     generation (counted in groups/resampled); 0 = off. Needs filter_zero_advantage."""
     mask_truncated_completions: bool = False
     """Exclude completions cut at max_tokens/context from the loss (DAPO's overlong filter).
-    It also drops the push-down on cut replies that earned nothing (RESULTS.md, "left out")."""
+    It also drops the push-down on cut replies that earned nothing (RESULTS.md: "truncated
+    completions left out of the loss")."""
     zero_truncated_completions: bool = False
     """Score truncated completions 0 before computing advantages, so a cut reply never pays:
     for short answers (one number), not where a long answer is the task (RESULTS.md)."""
