@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,18 @@ pytest_plugins = ["bridge_v1.support"]  # the verifiers venv and scripted models
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_accelerate_state():
+    """Each test starts with no Accelerate state. A process holds one AcceleratorState, so on a
+    GPU machine a test that pins the trainer to the CPU would otherwise meet (and refuse) the
+    CUDA state an earlier test on the same worker left, or leave its CPU state to the next."""
+    yield
+    if "accelerate" in sys.modules:
+        from accelerate.state import AcceleratorState
+
+        AcceleratorState._reset_state(reset_partial_state=True)
 
 
 @pytest.fixture(scope="session")

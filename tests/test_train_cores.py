@@ -38,7 +38,9 @@ def _learner(tiny_model_path: Path, tmp_path: Path, monkeypatch, *overrides: str
     monkeypatch.syspath_prepend(str(Path(__file__).parent / "fixtures" / "train_envs"))
     import train_testing
 
-    cfg = train_testing.tiny_config(tiny_model_path, tmp_path, "", *overrides)
+    # server and trainer pinned to this machine's CPU, where the cores are shared
+    cfg = train_testing.tiny_config(tiny_model_path, tmp_path, "", "inference.gpus=0",
+                                    "trainer.gpus=0", *overrides)
     run = RunDir(tmp_path / cfg.run_name)
     run.root.mkdir(parents=True, exist_ok=True)
     return Learner(cfg, run)

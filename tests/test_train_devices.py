@@ -14,11 +14,12 @@ import sys
 import pytest
 
 from vfkit.cli.train import relaunch
-from vfkit.errors import ConfigError
+from vfkit.errors import ConfigError, VfkitError
 from vfkit.launch.plan import format_plan, make_plan
 from vfkit.train.config_loader import parse_config
 from vfkit.train.placement import (
     SEEN_DEVICES,
+    check_one_gpu_per_rank,
     cpu_threads,
     device_ids,
     trainer_on_cpu,
@@ -122,3 +123,17 @@ def test_the_dry_run_names_ids_the_machine_lacks() -> None:
     result = check_devices(cfg(f"trainer.gpus=[{have}]"))
     assert not result.ok and f"use ids below {have}" in result.detail
     assert check_devices(cfg("inference.gpus=0", "trainer.gpus=0")).detail == "CPU only"
+
+
+def test_two_ranks_on_one_gpu_are_refused_with_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NCCL's own error for this ("Duplicate GPU detected") comes from deep inside DDP."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    with pytest.raises(VfkitError, match=r"2 trainer processes .* 1 GPU\(s\).*gpus = 0"):
+        check_one_gpu_per_rank(on_cpu=False)
+    check_one_gpu_per_rank(on_cpu=True)  # CPU ranks (gloo) share a machine fine
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    check_one_gpu_per_rank(on_cpu=False)

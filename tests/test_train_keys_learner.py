@@ -107,11 +107,12 @@ def _grad_norm(ctx: Ctx) -> None:
 
 @check("trainer.args.bf16", "trainer.args.gradient_checkpointing")
 def _precision(ctx: Ctx) -> None:
-    # "auto" follows the CPU's bf16 units (the hardware probe is the one thing set here)
+    # "auto" follows the device's bf16 units (the hardware probe is the one thing set here,
+    # so the test means the same on a CPU and on a GPU)
     for setting, native, bf16 in (("true", False, True), ("false", True, False),
                                   ('"auto"', True, True), ('"auto"', False, False)):
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(precision, "cpu_supports_bf16", lambda native=native: native)
+            mp.setattr(precision, "bf16_native", lambda _device, native=native: native)
             learner = ctx.learner(f"trainer.args.bf16={setting}",
                                   "trainer.args.gradient_checkpointing=true")
         assert learner.peft_model.base_model.model.is_gradient_checkpointing

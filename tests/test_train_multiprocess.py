@@ -25,6 +25,8 @@ model = "{model}"
 id = "train-letter-a"
 [inference]
 base_url = "{base_url}"
+[trainer]
+gpus = 0  # CPU processes (gloo) on any machine: two ranks cannot share one GPU under NCCL
 [trainer.args]
 rollouts_per_example = 4
 batch_size = 8

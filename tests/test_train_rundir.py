@@ -43,9 +43,12 @@ def test_dump_toml_nested_tables() -> None:
 def test_backend_and_threads(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import os
 
+    import torch
+
     monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a CPU-only machine
     cfg = parse_config(BASE)
-    assert choose_backend(cfg) == "builtin"  # no CUDA here
+    assert choose_backend(cfg) == "builtin"
     assert cpu_threads(cfg) == (4, 4)
     assert launcher_kwargs(cfg, RunDir(tmp_path))["extra_args"] == ["--threads", "4"]
     remote = parse_config(BASE, overrides=['inference.base_url="http://10.1.2.3:8000/v1"'])

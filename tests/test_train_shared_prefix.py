@@ -105,7 +105,8 @@ def test_a_step_is_the_same_with_or_without_sharing(tiny_model_path: Path, share
     def step(args: TrainerArgs) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
         model, _ = load_policy(tiny_model_path, args)
         randomize_lora(model)
-        accelerator = Accelerator(cpu=True)
+        accelerator = Accelerator()  # the machine's device: the GPU where there is one
+        model.to(accelerator.device)
         optimizer = build_optimizer(model, args)
         scheduler = get_scheduler("constant", optimizer)
         out = policy_update(model, optimizer, scheduler, accelerator, samples, args, 0)
@@ -141,6 +142,8 @@ def test_a_step_runs_each_prompt_once_for_all_its_micro_batches(
     def grads(args: TrainerArgs) -> tuple[list[tuple[int, int]], dict[str, torch.Tensor]]:
         model, _ = load_policy(tiny_model_path, args)
         randomize_lora(model)
+        accelerator = Accelerator()  # the machine's device: the GPU where there is one
+        model.to(accelerator.device)
         widths: list[tuple[int, int]] = []
         model.get_input_embeddings().register_forward_hook(
             lambda _m, inp, _o: widths.append(tuple(inp[0].shape)))
@@ -150,8 +153,9 @@ def test_a_step_runs_each_prompt_once_for_all_its_micro_batches(
                 param.register_post_accumulate_grad_hook(
                     lambda p, n=name: captured.__setitem__(n, p.grad.clone()))
         optimizer = build_optimizer(model, args)
-        autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if bf16 else None
-        policy_update(model, optimizer, get_scheduler("constant", optimizer), Accelerator(cpu=True),
+        device = accelerator.device.type
+        autocast = (lambda: torch.autocast(device, dtype=torch.bfloat16)) if bf16 else None
+        policy_update(model, optimizer, get_scheduler("constant", optimizer), accelerator,
                       samples, args, 0, **({"autocast": autocast} if bf16 else {}))  # fmt: skip
         return widths, captured
 

@@ -28,7 +28,7 @@ from vfkit.train.learner import Learner
 from vfkit.train.loop import LoopState, StopFlag, run_loop
 from vfkit.train.metrics import MetricsLogger, rollout_metrics
 from vfkit.train.orchestrator import Orchestrator
-from vfkit.train.placement import inference_server, trainer_on_cpu
+from vfkit.train.placement import check_one_gpu_per_rank, inference_server, trainer_on_cpu
 from vfkit.train.policy import resolve_model_dir
 from vfkit.train.resume import require_resumable
 from vfkit.train.rundir import RunDir, open_run_dir, run_dir_of
@@ -46,6 +46,7 @@ def train(
     """
     # the same process group the Learner's Accelerator joins (cpu= as there, or CPU ranks
     # would each think they are alone); the main process alone writes, holding the run's lock
+    check_one_gpu_per_rank(trainer_on_cpu(cfg))
     main = PartialState(cpu=trainer_on_cpu(cfg)).is_main_process
     with RunLock(run_dir_of(cfg).root) if main else contextlib.nullcontext():
         return _train(cfg, resume, stop or StopFlag(), saved_batches, main)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from vfkit.errors import VfkitError
 from vfkit.train.config import RunConfig
 from vfkit.train.rundir import RunDir
 
@@ -178,6 +179,20 @@ def relaunched() -> bool:
     """Whether this vf-train was re-executed by another (accelerate's ranks, or to hide the
     GPUs that are not its own): that one checked the config, against its view of the GPUs."""
     return "LOCAL_RANK" in os.environ or SEEN_DEVICES in os.environ
+
+
+def check_one_gpu_per_rank(on_cpu: bool) -> None:
+    """Refuse trainer processes that would share a GPU: NCCL cannot put two ranks on one
+    device and says so only deep inside DDP ("Duplicate GPU detected")."""
+    import torch
+
+    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    gpus = 0 if on_cpu or not torch.cuda.is_available() else torch.cuda.device_count()
+    if gpus and ranks > gpus:
+        raise VfkitError(
+            f"{ranks} trainer processes on this machine but {gpus} GPU(s) visible to them: "
+            f"launch at most {gpus} (e.g. `accelerate launch --num_processes {gpus}`), or set "
+            "[trainer] gpus = 0 to train on CPU processes")
 
 
 def trainer_environ(cfg: RunConfig) -> dict[str, str] | None:
