@@ -8,7 +8,7 @@ resolved `TrainerArgs` (`trl_config`), so both see one batch shape, sampling and
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +103,17 @@ def on_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+def checkpointing_key() -> str:
+    """`TrainingArguments`' name for activation checkpointing in the installed transformers:
+    `activation_checkpointing` where it exists (5.24, which keeps the old name beside it), else
+    `gradient_checkpointing` (5.17, the GPU machine's on 2026-11-28, has only that one)."""
+    from transformers import TrainingArguments
+
+    names = {f.name for f in fields(TrainingArguments)}
+    return "activation_checkpointing" if "activation_checkpointing" in names else (
+        "gradient_checkpointing")
+
+
 def _inline_table(values: dict[str, Any]) -> str:
     """A dict as a TOML inline table (for an override value)."""
     return "{" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in values.items()) + "}"
@@ -147,8 +158,8 @@ def trl_config_kwargs(
         "max_grad_norm": a.max_grad_norm,
         "bf16": resolve_bf16(a.bf16, "cuda" if on_cuda() else "cpu"),  # vfkit's "auto"
         "use_cpu": not on_cuda(),  # TRL refuses bf16 on CPU unless told it is on CPU
-        # TRL turns it on by default; vfkit off (transformers 5 renamed the key)
-        "activation_checkpointing": a.gradient_checkpointing,
+        # TRL turns it on by default; vfkit off
+        checkpointing_key(): a.gradient_checkpointing,
         "model_init_kwargs": {"dtype": "float32"},  # fp32 master weights, as vfkit's learner
         # --- loss
         "loss_type": a.loss_type,

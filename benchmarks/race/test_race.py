@@ -17,7 +17,13 @@ import pytest
 import vfkit as vf
 from benchmarks.race.clock import Snapshotter, ticks
 from benchmarks.race.rewards import rubric_reward_funcs, score_completions
-from benchmarks.race.settings import UNBOUNDED_STEPS, Leg, run_config, trl_config_kwargs
+from benchmarks.race.settings import (
+    UNBOUNDED_STEPS,
+    Leg,
+    checkpointing_key,
+    run_config,
+    trl_config_kwargs,
+)
 from vfkit.train.phases import with_rollout_sampling
 from vfkit.train.policy import lora_config
 
@@ -47,7 +53,7 @@ def test_trl_gets_the_vfkit_batch_shape_sampling_and_optimizer(tmp_path: Path) -
     assert (trl.adam_beta2, trl.max_grad_norm, trl.beta, trl.loss_type) == (0.99, 1.0, 0.0,
                                                                            "grpo")
     assert trl.reward_weights == [1.0, 0.2] and trl.seed == 1
-    assert trl.activation_checkpointing is False  # TRL's default is on; exp.toml's off
+    assert getattr(trl, checkpointing_key()) is False  # TRL's default is on; exp.toml's off
     # the race's own changes to the config: no step limit, no in-loop eval or checkpoints
     assert (a.max_steps, a.eval_steps, a.save_steps, a.seed) == (UNBOUNDED_STEPS, 0, 0, 1)
     lora = lora_config(a)  # the very LoraConfig both systems get
