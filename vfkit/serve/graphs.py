@@ -138,7 +138,11 @@ class StaticDecoder:
                 inputs: StepInputs) -> None:
         stamp = (self.cache.generation, self.lora.generation)
         if stamp != self._stamp:  # arenas moved or adapters changed: every graph is stale
+            # and so is their memory pool: once its last graph is gone torch releases it, and
+            # capturing into the released pool's handle fails inside the caching allocator
+            # ("use_count > 0" assertion, seen on an H200, 2026-11-28)
             self._graphs.clear()
+            self._pool = None
             self._stamp = stamp
         key = (*shape, adapters[0])
         graph = self._graphs.get(key)
