@@ -14,6 +14,8 @@ echo "installed at $(el) s"
 PYTEST=(python3 -m pytest -o addopts= -p no:cacheprovider -v -rfE --tb=short -W ignore)
 timeout -s INT 75 "${PYTEST[@]}" --timeout 70 tests/test_gpu.py > "$OUT/gpu-tests.log" 2>&1
 echo "gpu tests rc=$? at $(el) s"; tail -2 "$OUT/gpu-tests.log"
+# call 2 decodes through CUDA graphs only if the graph server's test passed here
+grep -qE "test_graph_server_keeps_sampling.* PASSED" "$OUT/gpu-tests.log" && touch /tmp/vfkit_graphs_ok
 left=$(( ${S1_TOTAL:-285} - $(el) ))
 timeout -s INT "$left" "${PYTEST[@]}" --timeout 110 -n 14 --dist loadfile \
   --ignore=tests/test_gpu.py tests environments > "$OUT/pytest.log" 2>&1

@@ -4,11 +4,13 @@
 # server benchmarks, each on its own clock, outputs tarred under $OUT as they finish.
 #   TRAIN_S=140 RACE_S=165 SERVE_S=50 bash .gpu/call2/device-model.sh \
 #       bash benchmarks/gpu_session/call2.sh                 (run timeout_s ~ 420)
-# GRAPHS=on decodes through CUDA graphs (vf-serve --cuda-graphs on) in every piece.
+# GRAPHS=on|off: CUDA-graph decoding (vf-serve --cuda-graphs) in every piece; by default on
+# exactly when call 1's graph server test passed on this machine.
 set -u
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 export PYTHONPATH=/tmp/site:$PWD
-graphs=${GRAPHS:-off}
+graphs=${GRAPHS:-$([ -e /tmp/vfkit_graphs_ok ] && echo on || echo off)}
+echo "cuda graphs: $graphs"
 rm -rf outputs && mkdir -p outputs
 pack() { tar czf "$OUT/$1.tgz" --exclude='*.safetensors' --exclude='*.bin' --exclude='*.pt' "$2"; }
 timeout -s INT "${TRAIN_S:-150}" vf-train configs/exp.toml trainer.args.output_dir=outputs/gpu \
