@@ -4,6 +4,7 @@ verifiers until those classes are asked for (vfkit does not depend on verifiers)
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,10 +16,15 @@ HAS_VERIFIERS = importlib.util.find_spec("verifiers") is not None
 
 
 def _python(code: str) -> subprocess.CompletedProcess:
-    """Run `code` in a fresh interpreter with reverse-text importable (clean sys.modules)."""
-    path = f"{ROOT}:{ROOT / 'environments' / 'reverse-text'}"
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env={"PYTHONPATH": path, "PATH": "/usr/bin:/bin"}, timeout=120)
+    """Run `code` in a fresh interpreter with reverse-text importable (clean sys.modules).
+
+    The caller's PYTHONPATH is kept: where vfkit's dependencies come from it (`pip install
+    --target`), a child without it cannot import openai. It finds verifiers only where this
+    process does, which is what HAS_VERIFIERS checks."""
+    path = [str(ROOT), str(ROOT / "environments" / "reverse-text"), os.environ.get("PYTHONPATH")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=120)
 
 
 @pytest.mark.parametrize("installed", [True, False])

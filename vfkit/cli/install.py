@@ -2,14 +2,23 @@
 
     vf-install reverse-text            # = python -m pip install -e environments/reverse-text
     vf-install my-env --path ../envs   # another folder of environment packages
+
+pip builds in isolation, fetching the package's build backend (`[build-system] requires`) from
+the index. Offline (no index, PIP_NO_INDEX) that fails even where this interpreter already has
+the backend; then vf-install builds once more without isolation, with the backend installed
+here, and says so. Where the backend is missing too, the error names what to install.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
 
 from vfkit.errors import EnvironmentNotFoundError, VfkitError
 
@@ -35,23 +44,66 @@ def find_package(name: str, path: Path) -> Path:
     )
 
 
-def pip_command(folder: Path, editable: bool = True, verbose: bool = False) -> list[str]:
+def pip_command(
+    folder: Path, editable: bool = True, verbose: bool = False, build_isolation: bool = True
+) -> list[str]:
     """The pip command that installs `folder` into this interpreter (quiet: pip then prints
-    only warnings and errors)."""
+    only warnings and errors; without build isolation: with the build backend installed here)."""
     target = ["-e", str(folder)] if editable else [str(folder)]
-    return [sys.executable, "-m", "pip", "install", *([] if verbose else ["-q"]), *target]
+    return [sys.executable, "-m", "pip", "install", *([] if verbose else ["-q"]),
+            *([] if build_isolation else ["--no-build-isolation"]), *target]
+
+
+def missing_build_requirements(folder: Path) -> list[str]:
+    """The package's build requirements that this interpreter does not satisfy (PEP 518's
+    default, setuptools, where the pyproject names none)."""
+    with (folder / "pyproject.toml").open("rb") as f:
+        build_system = tomllib.load(f).get("build-system", {})
+    missing = []
+    for text in build_system.get("requires", ["setuptools>=40.8.0"]):
+        try:
+            req = Requirement(text)
+        except InvalidRequirement:
+            missing.append(text)
+            continue
+        if req.marker is not None and not req.marker.evaluate():
+            continue
+        try:
+            version = importlib.metadata.version(req.name)
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(text)
+            continue
+        if not req.specifier.contains(version, prereleases=True):
+            missing.append(f"{text} (installed: {version})")
+    return missing
 
 
 def install(
     name: str, path: Path = Path("environments"), editable: bool = True, verbose: bool = False
 ) -> Path:
-    """Install environment `name` from `path` with pip; raise VfkitError when pip fails."""
+    """Install environment `name` from `path` with pip; raise VfkitError when pip fails.
+
+    When the isolated build fails and the build backend is installed here, try once more
+    without build isolation (an offline machine cannot fetch the backend)."""
     folder = find_package(name, path)
     cmd = pip_command(folder, editable, verbose)
     print("running:", " ".join(cmd), flush=True)
+    if subprocess.run(cmd, check=False).returncode == 0:
+        return folder
+    missing = missing_build_requirements(folder)
+    if missing:
+        raise VfkitError(
+            f"pip could not install {folder} (its output is above). If it could not fetch the "
+            f"build backend (offline?), install {', '.join(missing)} for {sys.executable} and "
+            "run vf-install again: it then builds with the backend installed here. Otherwise "
+            "fix the package's pyproject.toml or dependencies.")
+    cmd = pip_command(folder, editable, verbose, build_isolation=False)
+    print("the isolated build failed (offline, or no index?); the build backend is installed "
+          "here, so trying again without build isolation:\nrunning:", " ".join(cmd), flush=True)
     if subprocess.run(cmd, check=False).returncode != 0:
-        raise VfkitError(f"pip could not install {folder} (its output is above); fix the "
-                         "package's pyproject.toml or dependencies and run vf-install again")
+        raise VfkitError(f"pip could not install {folder}, with or without build isolation "
+                         "(its output is above); fix the package's pyproject.toml or "
+                         "dependencies and run vf-install again")
     return folder
 
 
