@@ -5,6 +5,7 @@ rollout records that keep their images for `--phase update`."""
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -59,10 +60,13 @@ def user(*urls: str, text: str = "Colour?") -> dict:
 
 
 def turn(processor, messages: list[dict], completion: str, prompt_ids=None) -> dict:
-    """One trajectory step as the server returns it: image placeholders already expanded."""
+    """One trajectory step as the server returns it: image placeholders already expanded.
+
+    The server renders its own copy of the messages (transformers 5.17's processor template
+    rewrites image_url parts in the messages it is given)."""
     if prompt_ids is None:
         prompt_ids = processor.apply_chat_template(
-            messages, tokenize=True, add_generation_prompt=True, return_dict=True
+            copy.deepcopy(messages), tokenize=True, add_generation_prompt=True, return_dict=True
         )["input_ids"]
         prompt_ids = prompt_ids[0] if isinstance(prompt_ids[0], list) else prompt_ids
     ids = processor.tokenizer.encode(completion, add_special_tokens=False)
@@ -248,6 +252,9 @@ def test_prompt_length_counts_expanded_image_tokens(vlm_path: Path, tmp_path: Pa
     # <image> placeholder -> 16 image tokens each
     assert prompt_length(proc, [user(RED)]) == text_only + IMAGE_TOKENS_PER_IMAGE
     assert prompt_length(proc, [user(RED, BLUE)]) == text_only + 2 * IMAGE_TOKENS_PER_IMAGE
+    prompt = [user(RED)]  # counted, not changed: these very prompts go to the server
+    prompt_length(proc, prompt)
+    assert prompt == [user(RED)]
 
 
 def test_saved_adapters_hold_lora_tensors_only(vlm_path: Path, tmp_path: Path) -> None:
