@@ -5,6 +5,7 @@ rollout records that keep their images for `--phase update`."""
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -59,10 +60,13 @@ def user(*urls: str, text: str = "Colour?") -> dict:
 
 
 def turn(processor, messages: list[dict], completion: str, prompt_ids=None) -> dict:
-    """One trajectory step as the server returns it: image placeholders already expanded."""
+    """One trajectory step as the server returns it: image placeholders already expanded.
+
+    The server renders its own copy of the messages (transformers 5.17's processor template
+    rewrites image_url parts in the messages it is given)."""
     if prompt_ids is None:
         prompt_ids = processor.apply_chat_template(
-            messages, tokenize=True, add_generation_prompt=True, return_dict=True
+            copy.deepcopy(messages), tokenize=True, add_generation_prompt=True, return_dict=True
         )["input_ids"]
         prompt_ids = prompt_ids[0] if isinstance(prompt_ids[0], list) else prompt_ids
     ids = processor.tokenizer.encode(completion, add_special_tokens=False)
@@ -110,12 +114,13 @@ def test_saved_adapter_loads_on_the_base_model(vlm_path: Path, tmp_path: Path) -
     adapter = lrn.save_adapter(1)
     config = json.loads((adapter / "adapter_config.json").read_text())
     assert "language_model" in config["target_modules"]
+    device = lrn.peft_model.device  # the learner's accelerator (a GPU where there is one)
     base = AutoModelForImageTextToText.from_pretrained(vlm_path, dtype=torch.float32)
-    served = PeftModel.from_pretrained(base, adapter).eval()
+    served = PeftModel.from_pretrained(base, adapter).to(device).eval()
     lrn.peft_model.eval()
     proc = lrn.processor
     inputs = proc.apply_chat_template([user(RED)], tokenize=True, add_generation_prompt=True,
-                                      return_dict=True, return_tensors="pt")
+                                      return_dict=True, return_tensors="pt").to(device)
     with torch.no_grad():
         want = lrn.peft_model(**inputs).logits
         got = served(**inputs).logits
@@ -193,7 +198,8 @@ def one_two_and_no_images(lrn: Learner) -> list:
 def test_micro_batches_carry_vision_inputs_to_the_forward(vlm_path: Path, tmp_path: Path) -> None:
     lrn = learner(vlm_path, tmp_path, "trainer.args.micro_batch_size=4")
     samples = one_two_and_no_images(lrn)
-    (mb,) = micro_batches(samples, 4, lrn.pad_id, images=lrn.images)
+    (mb,) = micro_batches(samples, 4, lrn.pad_id, images=lrn.images,
+                          device=lrn.peft_model.device)
     assert tuple(mb.vision["pixel_values"].shape) == (3, 3, 32, 32)  # 2 + 1 + 0 images
     # the images reach the forward: the same ids with other pixels give other logprobs
     model = lrn.peft_model
@@ -248,6 +254,9 @@ def test_prompt_length_counts_expanded_image_tokens(vlm_path: Path, tmp_path: Pa
     # <image> placeholder -> 16 image tokens each
     assert prompt_length(proc, [user(RED)]) == text_only + IMAGE_TOKENS_PER_IMAGE
     assert prompt_length(proc, [user(RED, BLUE)]) == text_only + 2 * IMAGE_TOKENS_PER_IMAGE
+    prompt = [user(RED)]  # counted, not changed: these very prompts go to the server
+    prompt_length(proc, prompt)
+    assert prompt == [user(RED)]
 
 
 def test_saved_adapters_hold_lora_tensors_only(vlm_path: Path, tmp_path: Path) -> None:
@@ -268,7 +277,8 @@ def test_idefics3_image_stacks_of_different_sizes_share_a_micro_batch(tmp_path: 
 
     lrn = learner(make_tiny_idefics3(tmp_path / "idefics3"), tmp_path)
     samples = one_two_and_no_images(lrn)
-    (mb,) = micro_batches(samples, 3, lrn.pad_id, images=lrn.images)
+    (mb,) = micro_batches(samples, 3, lrn.pad_id, images=lrn.images,
+                          device=lrn.peft_model.device)
     assert tuple(mb.vision["pixel_values"].shape)[:2] == (2, 2)  # 2 prompts, padded to 2 images
     model = lrn.peft_model
     with torch.no_grad():
@@ -276,7 +286,8 @@ def test_idefics3_image_stacks_of_different_sizes_share_a_micro_batch(tmp_path: 
                                      vision=mb.vision)
         order = sorted(range(3), key=lambda i: (-len(samples[i]), i))  # the batcher's row order
         for row, sample in enumerate(samples[i] for i in order):
-            (alone_mb,) = micro_batches([sample], 1, lrn.pad_id, images=lrn.images)
+            (alone_mb,) = micro_batches([sample], 1, lrn.pad_id, images=lrn.images,
+                                        device=model.device)
             alone, _ = token_logprobs(model, alone_mb.input_ids_BT, alone_mb.attention_mask_BT,
                                       1.0, vision=alone_mb.vision)
             n = alone.shape[1]

@@ -141,8 +141,12 @@ class ImageInputs:
 
     def prompt_length(self, messages: list[dict[str, Any]]) -> int:
         """Tokens of a chat prompt as the server renders it, image placeholders expanded."""
+        # copies of the messages: transformers 5.17's ProcessorMixin.apply_chat_template sets
+        # each caller's message["content"] to new parts, image_url ones as {"type": "image",
+        # "url": ...}, which neither part_url nor a server reads, and dataset_rows sends these
+        # very prompts (5.24 copies the messages first, in _normalize_chat_messages)
         text = self.processor.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True
+            [dict(m) for m in messages], tokenize=False, add_generation_prompt=True
         )
         images = self.prompt_images(messages) or None
         out = self.processor(text=[text], images=images, add_special_tokens=False)
