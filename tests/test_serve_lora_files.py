@@ -142,3 +142,23 @@ def test_concurrent_loads_of_one_name_succeed_once(server, folders):
 
     codes = sorted(r.status_code for r in asyncio.run(four()))
     assert codes == [200, 400, 400, 400], codes
+
+
+def test_one_bad_value_is_found_and_huge_finite_weights_pass() -> None:
+    """The fused norm flags a tensor; only an element-wise check convicts it (a norm of huge
+    finite values overflows to inf too)."""
+    from vfkit.serve.lora_files import first_non_finite
+
+    good = {f"m{i}.lora_A.weight": torch.randn(16, 64) for i in range(5)}
+    assert first_non_finite(good) is None
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        weights = {k: t.clone() for k, t in good.items()}
+        weights["m3.lora_A.weight"][7, 9] = bad
+        assert first_non_finite(weights) == "m3.lora_A.weight"
+    huge = {**good, "m1.lora_B.weight": torch.full((64, 16), 1e30)}  # norm: inf in fp32
+    assert not torch.isfinite(torch.linalg.vector_norm(huge["m1.lora_B.weight"]))
+    assert first_non_finite(huge) is None
+    half = torch.randn(8, 8, dtype=torch.bfloat16)
+    half[0, 0] = float("nan")
+    assert first_non_finite({**good, "h.lora_B.weight": half, "ids": torch.arange(3)}) == (
+        "h.lora_B.weight")
