@@ -4,12 +4,13 @@ verifiers until those classes are asked for (vfkit does not depend on verifiers)
 from __future__ import annotations
 
 import importlib.util
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from vfkit.testing.child_env import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 HAS_VERIFIERS = importlib.util.find_spec("verifiers") is not None
@@ -21,8 +22,7 @@ def _python(code: str) -> subprocess.CompletedProcess:
     The caller's PYTHONPATH is kept: where vfkit's dependencies come from it (`pip install
     --target`), a child without it cannot import openai. It finds verifiers only where this
     process does, which is what HAS_VERIFIERS checks."""
-    path = [str(ROOT), str(ROOT / "environments" / "reverse-text"), os.environ.get("PYTHONPATH")]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
+    env = child_env(ROOT, ROOT / "environments" / "reverse-text")
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                           timeout=120)
 

@@ -7,7 +7,6 @@ put on PYTHONPATH for the subprocess; its pyproject says num_examples = 4, rollo
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -18,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from vfkit.testing.child_env import child_env
 from vfkit.testing.scripted_server import TestServer
 
 FIXTURE_ENV = Path(__file__).parent / "fixtures" / "eval_envs" / "eval-echo"
@@ -31,10 +31,9 @@ def echo_responder(body: dict[str, Any]) -> str:
 
 
 def cli_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY",)}
-    path = [str(FIXTURE_ENV), env.get("PYTHONPATH", "")]
-    env.update(PYTHONPATH=os.pathsep.join(p for p in path if p), HF_HUB_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1", **extra)  # fmt: skip
+    env = child_env(FIXTURE_ENV)
+    env.pop("OPENAI_API_KEY", None)
+    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1", **extra)
     return env
 
 

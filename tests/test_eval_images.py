@@ -3,7 +3,6 @@ scripted server; results keep the images as data URLs, and `vf-rl report` shows 
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 from test_eval_cli import read_rows
 
 from vfkit.images import load_image, message_image_urls
+from vfkit.testing.child_env import child_env
 from vfkit.testing.scripted_server import Reply, TestServer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,9 +30,7 @@ def responder(body: dict[str, Any]) -> str | Reply:
 
 
 def run_cli(module: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    path = [*map(str, ENV_DIRS), str(ROOT), os.environ.get("PYTHONPATH", "")]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p),
-           "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}  # fmt: skip
+    env = child_env(*ENV_DIRS, ROOT, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
     env.pop("OPENAI_API_KEY", None)
     return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=300)  # fmt: skip

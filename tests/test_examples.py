@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import itertools
-import os
 import subprocess
 import sys
 from pathlib import Path
 
+from vfkit.testing.child_env import child_env
 from vfkit.testing.scripted_server import TestServer
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -43,13 +43,12 @@ def test_multiturn_example_solves_every_word() -> None:
 
 def test_evaluate_example_against_an_endpoint() -> None:
     env_dir = str(Path(__file__).resolve().parents[1] / "environments" / "reverse-text")
-    path = [env_dir, os.environ.get("PYTHONPATH")]  # keep the caller's: it may hold vfkit's deps
     with TestServer("<answer>x</answer>") as server:
         out = subprocess.run(
             [sys.executable, str(EXAMPLES / "evaluate_env.py"), "--env", "reverse-text",
              "--base-url", server.base_url, "--model", "m", "-n", "2", "-r", "2"],
             capture_output=True, text=True, timeout=120,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)},
+            env=child_env(env_dir),
         )
     assert out.returncode == 0, out.stderr
     assert "reverse-text: 4 rollouts, reward" in out.stdout

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
 import sys
 import textwrap
@@ -12,6 +11,8 @@ import time
 from pathlib import Path
 
 import psutil
+
+from vfkit.testing.child_env import child_env
 
 ENV_MODULE = textwrap.dedent(
     '''
@@ -75,8 +76,7 @@ def write_config(
 
 def vfrl_env(tmp: Path) -> dict[str, str]:
     """Environment for vf-rl subprocesses: the test env importable, few threads, offline."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp / "envs"), env.get("PYTHONPATH")]))
+    env = child_env(tmp / "envs")
     env |= {
         "OMP_NUM_THREADS": "1",
         "MKL_NUM_THREADS": "1",
