@@ -87,12 +87,14 @@ def _vfkit_grads(model, args, batch, sampler, pad_id, stats: TokenStats | None =
     totals = (sum(s.num_loss_tokens for s in samples), len(samples))
     model.train()
     for mb in micro_batches(samples, args.micro_batch_size, pad_id):
-        micro_batch_loss(model, mb, args, totals, stats or TokenStats()).backward()
+        micro_batch_loss(model, mb, args, totals, stats or TokenStats())[0].backward()
     return _grads(model)
 
 
 def _trl_grads(model, tokenizer, args, batch, sampler, tmp_path, mode: str,
-               loss_type: str | None = None) -> dict:
+               loss_type: str | None = None, proximal: list[list[float]] | None = None) -> dict:
+    """TRL's gradient; `proximal` (decoupled mode): the logprobs of the policy that began the
+    batch, TRL's `old_per_token_logps` in its later iterations (else the current policy's)."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -124,10 +126,10 @@ def _trl_grads(model, tokenizer, args, batch, sampler, tmp_path, mode: str,
         "completion_ids": completion, "completion_mask": completion_mask,
         "advantages": torch.tensor(ADVANTAGES),
         "num_items_in_batch": completion_mask.sum(),
-        "old_per_token_logps": old if mode == "clipped" else None,
+        "old_per_token_logps": old if mode == "clipped" else _padded(proximal),
     }
     if mode == "decoupled":
-        trainer_logprobs = _sampler_logprobs(model, batch, shift=False)
+        trainer_logprobs = proximal or _sampler_logprobs(model, batch, shift=False)
         weight = torch.ones(len(batch), MAX_TOKENS)
         for i, (ours, theirs) in enumerate(zip(trainer_logprobs, sampler, strict=True)):
             weight[i, : len(ours)] = torch.exp(torch.tensor(ours) - torch.tensor(theirs))
@@ -135,6 +137,15 @@ def _trl_grads(model, tokenizer, args, batch, sampler, tmp_path, mode: str,
     trainer.model.train()
     trainer._compute_loss(trainer.model, inputs).backward()
     return _grads(model)
+
+
+def _padded(rows: list[list[float]] | None) -> torch.Tensor | None:
+    if rows is None:
+        return None
+    out = torch.zeros(len(rows), MAX_TOKENS)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.tensor(row)
+    return out
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo"])
@@ -175,3 +186,48 @@ def test_the_check_sees_a_different_normalization(tiny_model_path: Path, tmp_pat
     flat_ours = torch.cat([g.flatten() for g in ours.values()])
     flat_theirs = torch.cat([theirs[n].flatten() for n in ours])
     assert not torch.allclose(flat_ours, flat_theirs, rtol=1e-3, atol=1e-6)
+
+
+@pytest.mark.parametrize("shift", [False, True])
+def test_later_iterations_equal_trls(shift: bool, tiny_model_path: Path, tmp_path: Path) -> None:
+    """`num_iterations = 2` (decoupled): vfkit's two SGD steps on one batch land where TRL's
+    loss puts them: the first from the batch's own policy, the second clipped from it (TRL's
+    `old_per_token_logps` of a later iteration), both weighted by that policy over the sampler
+    (on-policy, or a sampler off by up to ±0.4 nats)."""
+    from accelerate import Accelerator
+    from transformers import get_scheduler
+
+    from vfkit.train.update import policy_update
+
+    lr = 2.0
+    args = _args("grpo").model_copy(update={"num_iterations": 2, "max_grad_norm": 0.0})
+    model, tokenizer = _policy(tiny_model_path, args)
+    batch = _batch(model.config.vocab_size)
+    proximal = _sampler_logprobs(model, batch, shift=False)
+    sampler = _sampler_logprobs(model, batch, shift=shift)
+    reference, _ = _policy(tiny_model_path, args)
+
+    samples = [
+        Sample(input_ids=p + c, loss_mask=[0] * len(p) + [1] * len(c),
+               sampling_logprobs=[0.0] * len(p) + lp, advantage=a)
+        for (p, c), lp, a in zip(batch, sampler, ADVANTAGES, strict=True)
+    ]
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr)
+    metrics = policy_update(model, optimizer, get_scheduler("constant", optimizer),
+                            Accelerator(cpu=True), samples, args, tokenizer.pad_token_id)
+    assert metrics["clip/frac_reuse"] > 0.05  # the second step is really clipped
+
+    for _ in range(2):  # TRL's gradient at the current weights, old = the batch's policy
+        grads = _trl_grads(reference, tokenizer, args, batch, sampler, tmp_path, "decoupled",
+                           proximal=proximal)
+        with torch.no_grad():
+            for name, p in reference.named_parameters():
+                if name in grads:
+                    p -= lr * grads[name]
+    ours = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    theirs = dict(reference.named_parameters())
+    moved = max(float((ours[n] - theirs[n]).detach().abs().max()) for n in ours)
+    assert moved < 1e-5, moved
+    first = _policy(tiny_model_path, args)[0]  # and both really moved from the start
+    assert max(float((p - dict(first.named_parameters())[n]).detach().abs().max())
+               for n, p in ours.items()) > 1e-2

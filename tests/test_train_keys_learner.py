@@ -186,6 +186,23 @@ def _ratio_against(ctx: Ctx) -> None:
     assert _update(ctx, *tight, 'trainer.args.ratio_against="trainer"')["clip/frac"] == 0
 
 
+@check("trainer.args.num_iterations")
+def _num_iterations(ctx: Ctx) -> None:
+    # three optimizer steps on the batch, one step of the schedule; the later two clipped from
+    # the policy that began the batch (a large lr moves it past a 1% clip at once)
+    for n in (1, 3):
+        learner = ctx.learner(f"trainer.args.num_iterations={n}", "trainer.args.learning_rate=0.01",
+                              "trainer.args.epsilon=0.01")
+        before = learner.lora_weights()
+        metrics = learner.update(_samples(4))
+        steps = {float(s["step"]) for s in learner.optimizer.state.values()}
+        assert steps == {float(n)} and learner.scheduler.last_epoch == 1
+        assert metrics["clip/frac"] == 0  # the first pass: its own logprobs, nothing clipped
+        assert ("clip/frac_reuse" in metrics) == (n > 1)
+        assert n == 1 or 0 < metrics["clip/frac_reuse"] <= 1
+        assert any((p != before[k]).any() for k, p in learner.lora_weights().items())
+
+
 @check("trainer.args.mask_ratio_low", "trainer.args.mask_ratio_high")
 def _ratio_mask(ctx: Ctx) -> None:
     assert _update(ctx, "trainer.args.mask_ratio_low=0.0")["mask/ratio_frac"] == 0

@@ -16,7 +16,7 @@ In data-path order:
     samples.py        states -> token sequences + loss masks (server ids, never re-tokenized)
     batching.py       padded micro-batches by length (each prompt's tokens run once a step)
     losses/           grpo, dr_grpo, dapo, cispo: pure tensor functions
-    update.py         one optimizer step over micro-batches (token stats for metrics)
+    update.py         a batch's optimizer step(s) over micro-batches (token stats for metrics)
     policy.py, learner.py   PEFT LoRA on Accelerate; adapter files; probe logprobs
     adapter_sync.py   the adapter client: load, verify, unload, re-load lost adapters
     loop.py           the loop;  checkpoint.py, metrics.py   resume, metrics sinks

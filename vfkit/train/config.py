@@ -223,7 +223,8 @@ class TrainerArgs(Section):
     """What the clipped ratio is taken against. "trainer" (the default; decoupled PPO, Hilton
     et al. 2021, arXiv:2110.00641): the trainer's own logprobs before this step's update, with
     the async lag and sampler/trainer rounding corrected by a separate importance weight
-    trainer/sampler (masked as below). With one gradient step per batch nothing is clipped:
+    trainer/sampler (masked as below). With one gradient step per batch nothing is clipped
+    (with `num_iterations` > 1, the later steps are, from the policy that began the batch):
     like TRL's GRPOTrainer with one iteration, there is no trust region, and a sampler that
     lags or rounds differently (bf16, fp8, another engine) loses no token to the clip, only
     reweights it. In the 15-minute CPU race it learned the most per step and per minute.
@@ -232,6 +233,11 @@ class TrainerArgs(Section):
     that moved most since the sampler's policy), but steadier at high learning rates (at 50x
     the default, a tiny VLM collapsed onto one answer in 2 of 6 seeds with "trainer", 0 of 6
     with "sampler"; benchmarks/RESULTS.md, "The decoupled ratio")."""
+    num_iterations: int = Field(1, ge=1, le=16)
+    """Optimizer steps on each batch (PPO's epochs; TRL's `num_iterations`). Steps after the
+    first reuse the batch with the ratio clipped from the policy that began it: more learning
+    per rollout, at one more training pass each. `max_steps`, the LR schedule and the
+    adapters count batches."""
     mask_ratio_low: float = Field(0.125, ge=0)
     """Tokens whose trainer/sampler ratio is below this are masked out of the loss."""
     mask_ratio_high: float = Field(8.0, gt=0)

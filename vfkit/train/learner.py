@@ -1,7 +1,7 @@
 """The model side of training: LoRA policy, AdamW, LR schedule, on plain Accelerate.
 
     learner = Learner(cfg, run)
-    metrics = learner.update(samples)           # one optimizer step (text or image samples)
+    metrics = learner.update(samples)           # a batch's optimizer step(s), text or image
     adapter_dir = learner.save_adapter(version)  # adapters/step_<version>
 """
 
@@ -121,7 +121,7 @@ class Learner:
         return torch.autocast(device, dtype=torch.bfloat16, enabled=self.bf16)
 
     def update(self, samples: list[Sample]) -> dict[str, float]:
-        """One optimizer step on the step's samples (the main process shares them)."""
+        """The batch's optimizer step(s) (`num_iterations`; the main process shares samples)."""
         return self._update(self._share(samples))
 
     def share_cores_with(self, generating: Callable[[], bool]) -> None:

@@ -6,7 +6,8 @@
 How this departs from GRPO (Shao et al. 2024, arXiv:2402.03300):
 - LoRA only (PEFT); the server hot-loads each step's adapter instead of syncing full weights.
 - One gradient step per batch, as decoupled PPO (`ratio_against = "trainer"`, the default):
-  the clip is measured from the trainer's own pre-update logprobs (so it never fires), and
+  the clip is measured from the trainer's own pre-update logprobs (so it never fires; with
+  `num_iterations` > 1 the batch's later steps are clipped from its first policy), and
   each token is weighted by trainer/sampler, which corrects both the async lag (batch s comes
   from policy s-1-async_level) and the numeric mismatch between server and trainer; tokens
   whose weight leaves [mask_ratio_low, mask_ratio_high] are masked out of the loss (losses/,
@@ -47,7 +48,7 @@ class StopFlag:
 
 @dataclass
 class LoopState:
-    """Where the run is: optimizer steps done (= the newest policy version), last checkpoint."""
+    """Where the run is: batches trained (= the newest policy version), last checkpoint."""
 
     step: int = 0
     saved: int = 0
@@ -85,7 +86,7 @@ def run_loop(
 
 
 def train_on(batch: Batch, learner: Learner, args: TrainerArgs) -> dict[str, float]:
-    """Advantages -> samples -> one optimizer step; the step's metrics."""
+    """Advantages -> samples -> the batch's optimizer step(s); the step's metrics."""
     if why := nothing_to_train(batch.groups):  # a broken setup, not a bad batch: stop loudly
         raise VfkitError(f"step {batch.step} trained nothing: {why}")
     kept, groups = assign_advantages(

@@ -1,7 +1,9 @@
-"""One optimizer step on a batch of samples: micro-batches, loss, backward, clip, step.
+"""A batch's optimizer steps: micro-batches, loss, backward, clip, step (`num_iterations` times).
 
-Gradients accumulate over all micro-batches of the step; each loss is normalized by the whole
+Gradients accumulate over all micro-batches of a pass; each loss is normalized by the whole
 step's token/sequence counts, so the split into micro-batches does not change the update.
+Passes after the first reuse the batch (PPO's epochs): their clip is measured from the policy
+that began the batch, so the batch's later updates stay in its trust region.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vfkit.train.batching import MicroBatch, micro_batches, step_prompts
+from vfkit.train.batching import MicroBatch, StepPrompts, micro_batches, step_prompts
 from vfkit.train.config import TrainerArgs
 from vfkit.train.losses import LOSSES, LossInputs
 from vfkit.train.policy import (
@@ -51,9 +53,14 @@ class TokenStats:
 def micro_batch_loss(
     model: torch.nn.Module, mb: MicroBatch, args: TrainerArgs, totals: tuple[int, int],
     stats: TokenStats, prompts: StepPrefix | None = None,
-) -> torch.Tensor:
-    """The loss of one micro-batch (normalized for the whole step); records token stats.
-    `prompts`: the step's prompts, run once (else a group's prompt runs once here, if shared)."""
+    proximal_BT: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The loss of one micro-batch (normalized for the whole step), and the policy's detached
+    logprobs of its tokens; records token stats.
+    `prompts`: the step's prompts, run once (else a group's prompt runs once here, if shared).
+    `proximal_BT`: in passes after the first, the logprobs of the policy that began the batch
+    (what the first pass returned): the clip is measured from them, and the sampler's
+    importance weight and the ratio mask stay the first pass's."""
     loss_mask_BT = mb.loss_mask_BT[:, 1:]
     first = first_position(loss_mask_BT)  # logits before the first trained token: not needed
     prefix = mb.shared_prefix if shares_prompts(args, model) else 0
@@ -62,8 +69,9 @@ def micro_batch_loss(
         model, mb.input_ids_BT, mb.attention_mask_BT, args.temperature, with_entropy=True,
         vision=mb.vision, first=first, prefix=prefix, group_B=mb.group_B, cache=cache,
     )
+    before_BT = logprobs_BT.detach() if proximal_BT is None else proximal_BT
     sampling_BT = mb.sampling_logprobs_BT[:, 1:]
-    log_ratio_BT = (logprobs_BT.detach() - sampling_BT) * loss_mask_BT
+    log_ratio_BT = (before_BT - sampling_BT) * loss_mask_BT
     ratio_BT = torch.exp(log_ratio_BT)
     # tokens the sampler and trainer disagree on too much carry no usable gradient: mask them
     in_range_BT = (ratio_BT >= args.mask_ratio_low) & (ratio_BT <= args.mask_ratio_high)
@@ -76,13 +84,13 @@ def micro_batch_loss(
         ) - logprobs_BT
         kl_BT = torch.exp(log_base_ratio_BT) - log_base_ratio_BT - 1
     total_tokens, total_sequences = totals
-    # decoupled PPO: the clip is measured from the policy before this update (one step per
-    # batch: the trainer's own detached logprobs), the sampler's lag by the importance weight
+    # decoupled PPO: the clip is measured from the policy that began the batch (in the first
+    # pass, the trainer's own detached logprobs), the sampler's lag by the importance weight
     decoupled = args.ratio_against == "trainer"
     out = LOSSES[args.loss_type](
         LossInputs(
             logprobs_BT=logprobs_BT,
-            old_logprobs_BT=logprobs_BT.detach() if decoupled else sampling_BT,
+            old_logprobs_BT=before_BT if decoupled else sampling_BT,
             advantages_B=mb.advantages_B, mask_BT=mask_BT, epsilon_low=args.epsilon,
             epsilon_high=args.clip_high, total_tokens=total_tokens,
             total_sequences=total_sequences, max_tokens=args.max_tokens, kl_BT=kl_BT,
@@ -102,7 +110,7 @@ def micro_batch_loss(
         stats.add("entropy", entropy_BT, loss_mask_BT)
         if kl_BT is not None:
             stats.add("kl/base", kl_BT.detach(), loss_mask_BT)
-    return out.loss
+    return out.loss, logprobs_BT.detach()
 
 
 def shares_prompts(args: TrainerArgs, model: torch.nn.Module) -> bool:
@@ -126,46 +134,84 @@ def policy_update(
     images: ImageInputs | None = None,
     before_micro_batch: Callable[[], None] = lambda: None,
 ) -> dict[str, float]:
-    """Train on `samples` (this rank's share of micro-batches), then one optimizer step.
+    """Train on `samples` (this rank's share of micro-batches): `num_iterations` optimizer
+    steps, then one step of the LR schedule (it counts batches, as `max_steps` does).
 
     `images`: a vision-language policy's image processor (None for text models).
     `before_micro_batch` runs before each forward (the learner fits its CPU threads there).
+    Metrics are the first pass's (comparable whatever `num_iterations` is), plus the later
+    passes' clipped share (`clip/frac_reuse`).
     """
-    totals = (sum(s.num_loss_tokens for s in samples), len(samples))
     once = shares_prompts(args, model) and images is None
     prompts = step_prompts(samples) if once else None
-    batches = micro_batches(
-        samples, args.micro_batch_size, pad_id,
-        rank=accelerator.process_index, world=accelerator.num_processes,
-        device=accelerator.device, images=images, prompts=prompts,
+    batch = Pass(
+        micro_batches(
+            samples, args.micro_batch_size, pad_id,
+            rank=accelerator.process_index, world=accelerator.num_processes,
+            device=accelerator.device, images=images, prompts=prompts,
+        ),
+        prompts, (sum(s.num_loss_tokens for s in samples), len(samples)),
     )
     model.train()
-    stats, loss_sum, prefix = TokenStats(), 0.0, None
-    if prompts is not None and batches:  # each prompt once for the whole step
+    lr = scheduler.get_last_lr()[0]
+    stats, later = TokenStats(), TokenStats()
+    loss, grad_norm, proximal = train_pass(
+        model, optimizer, accelerator, batch, args, stats, autocast, before_micro_batch)
+    for _ in range(args.num_iterations - 1):
+        train_pass(model, optimizer, accelerator, batch, args, later, autocast,
+                   before_micro_batch, proximal)
+    with warnings.catch_warnings():  # torch warns when a filtered-out step skipped optimizer.step
+        warnings.simplefilter("ignore", UserWarning)
+        scheduler.step()
+    metrics = {"loss": loss, "grad_norm": grad_norm, "lr": lr, **stats.summary()}
+    if args.num_iterations > 1 and later.tokens:
+        metrics["clip/frac_reuse"] = later.summary()["clip/frac"]
+    return metrics
+
+
+@dataclass
+class Pass:
+    """What every pass over a batch reads: its micro-batches, its prompts (run once a pass,
+    when shared) and the whole batch's loss-token and sequence counts."""
+
+    batches: list[MicroBatch]
+    prompts: StepPrompts | None
+    totals: tuple[int, int]
+
+
+def train_pass(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, accelerator, batch: Pass,
+    args: TrainerArgs, stats: TokenStats,
+    autocast: Callable[[], contextlib.AbstractContextManager],
+    before_micro_batch: Callable[[], None], proximal: list[torch.Tensor] | None = None,
+) -> tuple[float, float, list[torch.Tensor]]:
+    """One pass over the batch and one optimizer step: (loss, gradient norm, each micro-batch's
+    detached logprobs). `proximal`: the first pass's logprobs, in the passes after it."""
+    loss_sum, prefix, logprobs = 0.0, None, []
+    if batch.prompts is not None and batch.batches:  # each prompt once for the whole pass
         before_micro_batch()
         with autocast():
-            prefix = step_prefix(model, prompts.ids_GP.to(accelerator.device))
-    for i, mb in enumerate(batches):
-        last = i == len(batches) - 1
+            prefix = step_prefix(model, batch.prompts.ids_GP.to(accelerator.device))
+    for i, mb in enumerate(batch.batches):
+        last = i == len(batch.batches) - 1
         before_micro_batch()
         sync = contextlib.nullcontext() if last else accelerator.no_sync(model)
         with sync:
             with autocast():  # forward in bf16 when asked; backward outside autocast
-                loss = micro_batch_loss(model, mb, args, totals, stats, prefix)
+                loss, logprobs_BT = micro_batch_loss(
+                    model, mb, args, batch.totals, stats, prefix,
+                    proximal[i] if proximal is not None else None)
             # each rank's loss is its share of the step's sum; DDP averages gradients over ranks
             accelerator.backward(loss * accelerator.num_processes)
         loss_sum += float(loss.detach())
+        logprobs.append(logprobs_BT)
     if prefix is not None:  # the prompts' share of the gradient, summed over micro-batches
         prefix.backward()
-    lr = scheduler.get_last_lr()[0]
     grad_norm = 0.0
-    if batches:  # a step whose groups were all filtered changes nothing (but the schedule moves)
+    if batch.batches:  # a step whose groups were all filtered changes nothing
         max_norm = args.max_grad_norm or math.inf
         params = [p for p in model.parameters() if p.requires_grad]
         grad_norm = float(accelerator.clip_grad_norm_(params, max_norm))
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    with warnings.catch_warnings():  # torch warns when a filtered-out step skipped optimizer.step
-        warnings.simplefilter("ignore", UserWarning)
-        scheduler.step()
-    return {"loss": loss_sum, "grad_norm": grad_norm, "lr": lr, **stats.summary()}
+    return loss_sum, grad_norm, logprobs
