@@ -127,9 +127,12 @@ def trl_config_kwargs(
     sampling args vfkit resolved (`phases.with_rollout_sampling`: the env's own count).
     `shuffle=False`: TRL reads its dataset in order (one already in vfkit's order).
 
-    One optimizer step = one generation batch: batch_size completions of
-    batch_size / rollouts_per_example prompts, in micro-batches of micro_batch_size.
+    A generation batch is batch_size completions of batch_size / rollouts_per_example
+    prompts, in micro-batches of micro_batch_size, trained with `num_iterations` optimizer
+    steps. TRL counts those optimizer steps, vfkit counts batches: TRL's step k·num_iterations
+    ends batch k (`trl_leg.SnapshotAdapters`), so max_steps and the warm-up are scaled.
     """
+    per_batch = a.num_iterations
     s = {**sampling, **sampling.get("extra_body", {})}  # vLLM-only keys may sit in extra_body
     return {
         "output_dir": str(out),
@@ -139,8 +142,8 @@ def trl_config_kwargs(
         "num_generations": a.rollouts_per_example,
         "per_device_train_batch_size": a.micro_batch_size,
         "gradient_accumulation_steps": a.batch_size // a.micro_batch_size,
-        "num_iterations": 1,
-        "max_steps": a.max_steps,
+        "num_iterations": per_batch,
+        "max_steps": a.max_steps * per_batch,
         # --- sampling
         "max_completion_length": s.get("max_tokens", a.max_tokens),
         "temperature": s.get("temperature", a.temperature),
@@ -151,7 +154,7 @@ def trl_config_kwargs(
         # --- optimizer
         "learning_rate": a.learning_rate,
         "lr_scheduler_type": a.lr_scheduler_type,
-        "warmup_steps": a.warmup_steps,
+        "warmup_steps": a.warmup_steps * per_batch,
         "weight_decay": a.weight_decay,
         "adam_beta1": a.adam_beta1,
         "adam_beta2": a.adam_beta2,

@@ -341,3 +341,35 @@ def test_trl_scores_a_truncated_completion_0_when_vfkit_would(
     rewards = trainer._calculate_rewards(rows, [r["prompt"] for r in rows], replies, ids)
     assert rewards[0].tolist() == [1.0, 1.0]  # a right, well-formed, finished answer: full
     assert rewards[1].tolist() == ([0.0, 0.0] if zero_truncated else [1.0, 1.0])
+
+
+def test_trl_reuses_each_batch_as_vfkit_does_and_is_snapshotted_by_batch(tmp_path: Path) -> None:
+    """`num_iterations = 2`: TRL takes two optimizer steps on each generation batch, as vfkit
+    does, and its adapters are saved by batch (vfkit's step), not by optimizer step."""
+    from benchmarks.race.test_race_smoke import TINY_SETTINGS
+    from benchmarks.race.trl_leg import SnapshotAdapters, build_trainer
+    from vfkit.testing.tiny_model import make_tiny_model
+    from vfkit.train.rundir import RunDir
+
+    tiny = make_tiny_model(tmp_path / "tiny")
+    reuse = ["trainer.args.num_iterations=2", "trainer.args.max_steps=3",
+             "trainer.args.warmup_steps=1"]
+    spec = replace(leg(tmp_path, overrides=[*TINY_SETTINGS, *reuse]), model=str(tiny))
+    a = run_config(spec).trainer.args
+    kwargs = trl_config_kwargs(a, {}, [1.0], tmp_path / "trl")
+    assert (kwargs["num_iterations"], kwargs["max_steps"], kwargs["warmup_steps"]) == (2, 6, 2)
+
+    run = RunDir(spec.root / "run")
+    clock = Snapshotter(run.adapters, tmp_path / "snaps", every_s=60, budget_s=60,
+                        on_budget=lambda: None)
+    trainer = build_trainer(spec, callbacks=[SnapshotAdapters(run, clock, threading.Event(), 2)])
+    generated = []
+    generate = trainer._generate_and_score_completions
+    trainer._generate_and_score_completions = lambda *x, **k: generated.append(1) or generate(
+        *x, **k)
+    trainer.train()
+    assert trainer.state.global_step == 6 and len(generated) == 3  # 3 batches, 2 steps each
+    assert sorted(p.name for p in run.adapters.iterdir()) == ["step_2", "step_3"]
+    logged = [json.loads(line) for line in run.metrics.read_text().splitlines()]
+    assert [(r["step"], r["optimizer_step"]) for r in logged if "loss" in r] == [
+        (0, 1), (1, 2), (1, 3), (2, 4), (2, 5), (3, 6)]
