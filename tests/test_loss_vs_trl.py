@@ -78,12 +78,16 @@ def _grads(model) -> dict[str, torch.Tensor]:
     return grads
 
 
-def _vfkit_grads(model, args, batch, sampler, pad_id, stats: TokenStats | None = None) -> dict:
-    samples = [
+def _samples(batch, sampler) -> list[Sample]:
+    return [
         Sample(input_ids=p + c, loss_mask=[0] * len(p) + [1] * len(c),
                sampling_logprobs=[0.0] * len(p) + lp, advantage=a)
         for (p, c), lp, a in zip(batch, sampler, ADVANTAGES, strict=True)
     ]
+
+
+def _vfkit_grads(model, args, batch, sampler, pad_id, stats: TokenStats | None = None) -> dict:
+    samples = _samples(batch, sampler)
     totals = (sum(s.num_loss_tokens for s in samples), len(samples))
     model.train()
     for mb in micro_batches(samples, args.micro_batch_size, pad_id):
@@ -207,11 +211,7 @@ def test_later_iterations_equal_trls(shift: bool, tiny_model_path: Path, tmp_pat
     sampler = _sampler_logprobs(model, batch, shift=shift)
     reference, _ = _policy(tiny_model_path, args)
 
-    samples = [
-        Sample(input_ids=p + c, loss_mask=[0] * len(p) + [1] * len(c),
-               sampling_logprobs=[0.0] * len(p) + lp, advantage=a)
-        for (p, c), lp, a in zip(batch, sampler, ADVANTAGES, strict=True)
-    ]
+    samples = _samples(batch, sampler)
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr)
     metrics = policy_update(model, optimizer, get_scheduler("constant", optimizer),
                             Accelerator(cpu=True), samples, args, tokenizer.pad_token_id)
