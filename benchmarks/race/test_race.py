@@ -362,7 +362,7 @@ def test_trl_reuses_each_batch_as_vfkit_does_and_is_snapshotted_by_batch(tmp_pat
     run = RunDir(spec.root / "run")
     clock = Snapshotter(run.adapters, tmp_path / "snaps", every_s=60, budget_s=60,
                         on_budget=lambda: None)
-    trainer = build_trainer(spec, callbacks=[SnapshotAdapters(run, clock, threading.Event(), 2)])
+    trainer = build_trainer(spec, callbacks=[SnapshotAdapters(run, clock, threading.Event())])
     generated = []
     generate = trainer._generate_and_score_completions
     trainer._generate_and_score_completions = lambda *x, **k: generated.append(1) or generate(

@@ -33,17 +33,16 @@ class SnapshotAdapters(TrainerCallback):
     """Save adapters/step_N after each batch N (vfkit's layout), log each step, stop when the
     clock says so (`stop`, set by its `on_budget` after it took the budget's snapshot).
 
-    TRL's global step counts optimizer steps, `per_batch` of them a generation batch
-    (`num_iterations`); vfkit's step N is batch N, so only a batch's last step is snapshotted.
+    TRL's global step counts optimizer steps, `args.num_iterations` of them a generation
+    batch; vfkit's step N is batch N, so only a batch's last step is snapshotted.
     """
 
-    def __init__(self, run: RunDir, clock: Snapshotter, stop: threading.Event,
-                 per_batch: int = 1) -> None:
-        self.run, self.clock, self.stop, self.per_batch = run, clock, stop, per_batch
+    def __init__(self, run: RunDir, clock: Snapshotter, stop: threading.Event) -> None:
+        self.run, self.clock, self.stop = run, clock, stop
 
     def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None,
                     **kwargs: Any) -> None:
-        batch, within = divmod(state.global_step, self.per_batch)
+        batch, within = divmod(state.global_step, args.num_iterations)
         if within == 0:
             save_adapter(model, self.run.adapter_dir(batch))
             shutil.rmtree(self.run.adapter_dir(batch - KEEP_ADAPTERS), ignore_errors=True)
@@ -52,7 +51,8 @@ class SnapshotAdapters(TrainerCallback):
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None,
                **kwargs: Any) -> None:
-        record = {"step": state.global_step // self.per_batch, "optimizer_step": state.global_step,
+        record = {"step": state.global_step // args.num_iterations,
+                  "optimizer_step": state.global_step,
                   "wall_s": round(self.clock.elapsed(), 2), **(logs or {})}
         with self.run.metrics.open("a") as f:
             f.write(json.dumps(record) + "\n")
@@ -63,13 +63,12 @@ def train_trl(leg: Leg, clock: Snapshotter, stop: threading.Event, *,
     """Build the trainer (model load counts against the budget, as vfkit's does) and train
     until `stop` is set."""
     run = RunDir(leg.root / "run")
-    per_batch = run_config(leg).trainer.args.num_iterations
     trainer = build_trainer(leg, vfkit_optimizer=vfkit_optimizer,
-                            callbacks=[SnapshotAdapters(run, clock, stop, per_batch)])
+                            callbacks=[SnapshotAdapters(run, clock, stop)])
     started = time.monotonic()
     trainer.train()
-    print(f"TRL trained {trainer.state.global_step} optimizer steps ({per_batch} a batch) in "
-          f"{time.monotonic() - started:.0f} s")
+    print(f"TRL trained {trainer.state.global_step} optimizer steps "
+          f"({trainer.args.num_iterations} a batch) in {time.monotonic() - started:.0f} s")
 
 
 def build_trainer(leg: Leg, *, vfkit_optimizer: bool = False, callbacks: list | None = None
