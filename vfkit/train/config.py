@@ -221,18 +221,12 @@ class TrainerArgs(Section):
     """Upper clip range (1 + epsilon_high); default: epsilon."""
     ratio_against: Literal["sampler", "trainer"] = "trainer"
     """What the clipped ratio is taken against. "trainer" (the default; decoupled PPO, Hilton
-    et al. 2021, arXiv:2110.00641): the trainer's own logprobs before this step's update, with
-    the async lag and sampler/trainer rounding corrected by a separate importance weight
-    trainer/sampler (masked as below). With one gradient step per batch nothing is clipped
-    (with `num_iterations` > 1, the later steps are, from the policy that began the batch):
-    like TRL's GRPOTrainer with one iteration, there is no trust region, and a sampler that
-    lags or rounds differently (bf16, fp8, another engine) loses no token to the clip, only
-    reweights it. In the 15-minute CPU race it learned the most per step and per minute.
-    "sampler": the server's logprobs, so the clip also acts on the lag and that rounding. It
-    is a trust region across the lag: slower per step (it removes the gradient of the tokens
-    that moved most since the sampler's policy), but steadier at high learning rates (at 50x
-    the default, a tiny VLM collapsed onto one answer in 2 of 6 seeds with "trainer", 0 of 6
-    with "sampler"; benchmarks/RESULTS.md, "The decoupled ratio")."""
+    et al. 2021, arXiv:2110.00641): the trainer's own logprobs before this step's update, the
+    async lag and sampler/trainer rounding corrected by a separate trainer/sampler importance
+    weight (masked as below). One step per batch clips nothing, as in TRL's GRPOTrainer; with
+    `num_iterations` > 1 the later steps clip from the policy that began the batch. "sampler":
+    the server's logprobs, a trust region across the lag and the rounding: slower per step,
+    steadier at high learning rates (benchmarks/RESULTS.md, "The decoupled ratio")."""
     num_iterations: int = Field(1, ge=1, le=16)
     """Optimizer steps on each batch (PPO's epochs; TRL's `num_iterations`). Steps after the
     first reuse the batch with the ratio clipped from the policy that began it: more learning
