@@ -76,6 +76,9 @@ def test_bad_input_names_what_is_wrong(tmp_path: Path, capsys: pytest.CaptureFix
     assert main([str(tmp_path / "nowhere"), str(folder), *step10]) == 2
     assert "nowhere/points.json: no points.json there" in capsys.readouterr().err
     assert main([str(folder), f"{folder}:trl", *step10]) == 2
-    assert "no seed in common: one side has seeds [0], the other []" in capsys.readouterr().err
+    assert ":trl: no trl leg on arithmetic has a score at step 10" in capsys.readouterr().err
+    other = race(tmp_path / "o", {("trl", 1): (0.4, 0.5)})
+    assert main([str(folder), f"{other}:trl", *step10]) == 2
+    assert "no seed in common: one side has seeds [0], the other [1]" in capsys.readouterr().err
     with pytest.raises(VfkitError, match="seed 0 on arithmetic is in more than one"):
         rewards_by_seed(Side((folder, folder)), "arithmetic", 10, None)
