@@ -5,7 +5,7 @@ RESULTS.md compares settings at arithmetic's step 10 over many seeds: the seed-t
 prompts, same base model) and the table reports the mean of the per-seed differences with its
 standard error. This computes that table from the races' points.json files:
 
-    python -m benchmarks.race.paired outputs/early/arith-lp4 outputs/race/avx2-paired:trl \
+    python -m benchmarks.race.paired outputs/early/knob outputs/early/default-and-trl:trl \
         --env arithmetic --step 10
 
 A side is a race folder (or its points.json), optionally `:system` (default vfkit); several
