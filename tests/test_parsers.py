@@ -13,7 +13,7 @@ import vfkit.parsers.parser as parser_module
 import vfkit.parsers.utils as utils_module
 from vfkit.parsers.parser import Parser, message_text
 from vfkit.parsers.think_parser import MaybeThinkParser, ThinkParser
-from vfkit.parsers.utils import extract_boxed_answer
+from vfkit.parsers.utils import extract_boxed_answer, extract_last_number, final_number
 from vfkit.parsers.xml_parser import XMLParser
 
 CHAT = [
@@ -83,6 +83,29 @@ def test_base_format_reward_is_one_per_text_message_and_zero_without_any():
 )
 def test_extract_boxed_answer(text, expected):
     assert extract_boxed_answer(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [("3 then -4.5.", "-4.5"), ("1, 2", "2"), ("x2y", "2"), ("none", None), ("", None),
+     (None, None)],
+)
+def test_extract_last_number(text, expected):
+    assert extract_last_number(text) == expected
+
+
+def test_final_number_reads_the_last_turn_with_text_tagged_first():
+    parser = XMLParser(["answer"])
+    tool_only = {"role": "assistant", "content": None, "tool_calls": []}  # a turn with no text
+    parts = {"role": "assistant", "content": [{"type": "text", "text": "3 gives <answer>7.5"}]}
+    assert final_number(parser, [parts, tool_only]) == "7.5"  # content parts, tool turn skipped
+    untagged = {"role": "assistant", "content": "3 then 4"}
+    assert final_number(parser, [parts, untagged]) == "4"  # the last turn with text decides
+    assert final_number(parser, [{"role": "assistant", "content": "<answer>no</answer> 5"}]) is None
+    assert final_number(parser, [{"role": "user", "content": "9"}]) is None
+    assert final_number(parser, []) is None
+    coded = XMLParser(["reasoning", "code"], answer_field="code")
+    assert final_number(coded, "<reasoning>1</reasoning><code>x = 2</code> 3") == "2"
 
 
 @pytest.mark.parametrize("module", [parser_module, utils_module])

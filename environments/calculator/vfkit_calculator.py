@@ -11,17 +11,15 @@ the expression's value; ToolRubric metrics (weight 0): `total_tool_calls` and on
 from __future__ import annotations
 
 import random
-import re
 
 import vfkit as vf
 from vfkit.bridge import v1_exports
-from vfkit.parsers.parser import message_text
+from vfkit.parsers.utils import final_number
 
 SYSTEM_PROMPT = (
     "You have calculator tools. Call them to work out the expression step by step, then reply "
     "with the final number inside <answer></answer> tags."
 )
-NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
 
 
 def _num(x: float) -> float | int:
@@ -96,18 +94,6 @@ def make_rows(n: int, seed: int, num_operations: int, max_operand: int) -> list[
     return rows
 
 
-def final_number(parser: vf.XMLParser, completion) -> float | None:
-    """The final answer: <answer> content, else the last number of the last reply with text
-    (a string or content parts; turns that only call tools have none)."""
-    texts = [t for t in map(message_text, parser.get_assistant_messages(completion)) if t]
-    if not texts:
-        return None
-    text = texts[-1]
-    tagged = parser.parse(text, last=True).answer
-    numbers = NUMBER_RE.findall(tagged if tagged is not None else text)
-    return float(numbers[-1]) if numbers else None
-
-
 def load_environment(
     num_operations: int = 2,
     max_operand: int = 50,
@@ -126,7 +112,7 @@ def load_environment(
     def correct_answer(completion, answer: str) -> float:
         """1.0 when the final answer equals the expression's value."""
         value = final_number(parser, completion)
-        return 1.0 if value is not None and abs(value - float(answer)) < 1e-6 else 0.0
+        return 1.0 if value is not None and abs(float(value) - float(answer)) < 1e-6 else 0.0
 
     rubric = vf.RubricGroup([vf.Rubric(funcs=[correct_answer], parser=parser),
                              vf.ToolRubric(tools=TOOLS)])

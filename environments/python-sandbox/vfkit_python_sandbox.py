@@ -23,14 +23,13 @@ from contextvars import ContextVar
 
 import vfkit as vf
 from vfkit.bridge import v1_exports
-from vfkit.parsers.parser import message_text
+from vfkit.parsers.utils import final_number
 from vfkit.sandbox import Sandbox, SandboxLimits
 
 SYSTEM_PROMPT = (
     "Answer the question. You can run Python with the run_python tool (print what you need to "
     "see). When you know the answer, reply with the number inside <answer></answer> tags."
 )
-NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
 # control characters but \t and \n (C0, DEL, C1) and bidirectional overrides: shown escaped, so
 # that the program's output cannot hide text from a reader of the transcript (\r, ANSI escapes,
 # right-to-left overrides) nor carry NUL into the messages
@@ -83,18 +82,6 @@ def make_rows(n: int, seed: int) -> list[dict]:
 def escape_controls(text: str) -> str:
     """`text` with each control character (but tab and newline) written as an escape: \\x1b."""
     return CONTROL_RE.sub(lambda m: ascii(m.group())[1:-1], text)
-
-
-def final_number(parser: vf.XMLParser, completion) -> str | None:
-    """The final answer: <answer> content, else the last number of the last reply with text
-    (a string or content parts; turns that only call tools have none)."""
-    texts = [t for t in map(message_text, parser.get_assistant_messages(completion)) if t]
-    if not texts:
-        return None
-    text = texts[-1]
-    tagged = parser.parse(text, last=True).answer
-    numbers = NUMBER_RE.findall(tagged if tagged is not None else text)
-    return numbers[-1] if numbers else None
 
 
 class PythonSandboxEnv(vf.StatefulToolEnv):

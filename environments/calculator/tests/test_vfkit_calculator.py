@@ -79,14 +79,3 @@ async def test_running_out_of_turns_scores_zero() -> None:
     state, _ = await _run([call("add", {"a": 1, "b": 1})] * 6)
     assert state["stop_condition"] == "max_turns_reached"
     assert state["reward"] == 0.0
-
-
-def test_the_final_number_is_read_from_content_parts_and_skips_tool_only_turns() -> None:
-    parser = vf.XMLParser(["answer"])  # content parts: was a TypeError
-    completion = [
-        {"role": "assistant", "content": [{"type": "text", "text": "so it is <answer>12"}]},
-        {"role": "assistant", "content": None, "tool_calls": []},  # a turn with no text
-    ]
-    assert calculator.final_number(parser, completion) == 12.0
-    assert calculator.final_number(parser, [{"role": "assistant", "content": "3 then 4"}]) == 4.0
-    assert calculator.final_number(parser, []) is None

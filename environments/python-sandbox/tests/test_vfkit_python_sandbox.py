@@ -126,14 +126,3 @@ async def test_control_characters_in_the_output_are_shown_escaped() -> None:
             "b'\\x1b[31mRED\\x1b[0m\\rok\\x00\\tend\\n\\xe2\\x80\\xaeevil')")
     _, outputs = await _rollout([run(code), "<answer>42</answer>"])
     assert outputs == ["\\x1b[31mRED\\x1b[0m\\rok\\x00\tend\n\\u202eevil"]
-
-
-def test_the_final_number_is_read_from_content_parts_and_skips_tool_only_turns() -> None:
-    parser = vf.XMLParser(["answer"])  # content parts: was a TypeError
-    completion = [
-        {"role": "assistant", "content": [{"type": "text", "text": "<answer>7.5</answer>"}]},
-        {"role": "assistant", "content": "", "tool_calls": []},  # a turn with no text
-    ]
-    assert python_sandbox.final_number(parser, completion) == "7.5"
-    assert python_sandbox.final_number(parser, [{"role": "assistant", "content": "1, 2"}]) == "2"
-    assert python_sandbox.final_number(parser, []) is None
