@@ -15,13 +15,13 @@ different seed ranges, and training items whose question is also an eval questio
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import reasoning_gym
 
 import vfkit as vf
 from vfkit.bridge import v1_exports
+from vfkit.parsers.utils import extract_last_number
 
 SYSTEM_PROMPT = (
     "Solve the arithmetic problem. Give only the final number inside <answer></answer> tags."
@@ -34,7 +34,6 @@ DIFFICULTY: dict[str, dict[str, Any]] = {
     "chain_sum": {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 1},
 }
 EVAL_SEED_OFFSET = 1_000_000
-NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
 
 
 def answer_text(parser: vf.XMLParser, completion, strict: bool) -> str | None:
@@ -42,8 +41,7 @@ def answer_text(parser: vf.XMLParser, completion, strict: bool) -> str | None:
     answer = parser.parse_answer(completion)
     if answer is not None or strict:
         return answer
-    numbers = NUMBER_RE.findall(vf.Parser().parse_answer(completion) or "")  # the last reply
-    return numbers[-1] if numbers else None
+    return extract_last_number(vf.Parser().parse_answer(completion))  # of the last reply
 
 
 def make_rows(dataset: Any, split: str) -> list[dict]:
