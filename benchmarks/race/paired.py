@@ -47,7 +47,8 @@ def rewards_by_seed(side: Side, env_id: str, step: int | None, t_s: float | None
                     ) -> dict[int, float]:
     """Seed -> the held-out reward of the side's snapshot at `step` (or at `t_s` seconds)."""
     found: dict[int, float] = {}
-    key, want = ("step", step) if step is not None else ("t_s", t_s)
+    key, want, listed = (("step", step, "step_snapshots") if step is not None
+                         else ("t_s", t_s, "snapshots"))
     for folder in side.folders:
         path = folder if folder.suffix == ".json" else folder / "points.json"
         if not path.is_file():
@@ -55,7 +56,7 @@ def rewards_by_seed(side: Side, env_id: str, step: int | None, t_s: float | None
         for leg in json.loads(path.read_text())["legs"]:
             if leg["system"] != side.system or leg["env"] != env_id:
                 continue
-            snaps = leg.get("step_snapshots", []) if step is not None else leg["snapshots"]
+            snaps = leg.get(listed, [])
             reward = next((s["reward"] for s in snaps if s[key] == want and "reward" in s), None)
             if reward is not None:
                 if leg["seed"] in found:
